@@ -1,0 +1,127 @@
+"""The calibration record contract and its append-only JSONL storage.
+
+Why this shape: a calibration can run for an hour on rented GPUs, so every finished trial is
+written at once (one write of a whole line, under an exclusive lock, then fsync), and readers
+survive torn or corrupt lines and records from newer versions, naming file and line.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import statistics
+import warnings
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from calibration.settings import Setting
+from models.errors import FtplanError
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "oom", "error")
+REQUIRED_KEYS = ("schema_version", "model", "micro_batch", "status", "setting_key")
+
+
+class RecordWarning(UserWarning):
+    """A record that was skipped while reading; the message names file and line."""
+
+
+def summarise_per_gpu(name: str, per_gpu: list[int]) -> dict:
+    """The per-GPU list plus min/mean/max; the max is the one that decides an OOM."""
+    if not per_gpu:
+        return {f"{name}_per_gpu": [], name: None, f"{name}_min": None, f"{name}_mean": None}
+    return {
+        f"{name}_per_gpu": list(per_gpu),
+        name: max(per_gpu),
+        f"{name}_min": min(per_gpu),
+        f"{name}_mean": statistics.fmean(per_gpu),
+    }
+
+
+def build_record(setting: Setting, micro_batch: int, status: str, **measured) -> dict:
+    """A record in the contract: setting fields flattened in, plus what the trial measured."""
+    if status not in STATUSES:
+        raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+    return {"schema_version": SCHEMA_VERSION, **setting.to_dict(), "setting_key": setting.key(),
+            "micro_batch": micro_batch, "status": status, **measured}
+
+
+def append_record(path: Path, record: dict) -> None:
+    """Durably append one record; safe against concurrent writers and a kill mid-write."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(record, sort_keys=True) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if _ends_without_newline(fd):  # a writer was killed mid-line: keep its fragment on its own line
+            line = b"\n" + line
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _ends_without_newline(fd: int) -> bool:
+    size = os.fstat(fd).st_size
+    return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+
+
+def iter_records(path: Path) -> Iterator[dict]:
+    """Valid records of one file; bad lines are skipped with a RecordWarning naming file:line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise FtplanError(f"cannot read calibration file {path}: {exc.strerror}") from None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            warnings.warn(f"{path}:{number}: corrupt or truncated record skipped", RecordWarning, stacklevel=2)
+            continue
+        problem = _problem(record)
+        if problem:
+            warnings.warn(f"{path}:{number}: {problem}; record skipped", RecordWarning, stacklevel=2)
+            continue
+        record["_source"] = f"{path}:{number}"
+        yield record
+
+
+def _problem(record: object) -> str | None:
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    missing = [k for k in REQUIRED_KEYS if k not in record]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    if not isinstance(record["schema_version"], int) or record["schema_version"] > SCHEMA_VERSION:
+        return f"schema version {record['schema_version']} is newer than this ftplan understands ({SCHEMA_VERSION}); upgrade ftplan"
+    if record["status"] not in STATUSES:
+        return f"unknown status {record['status']!r}"
+    return None
+
+
+def read_records(paths: Iterable[Path]) -> list[dict]:
+    """All valid records of several files (a folder means every *.jsonl in it)."""
+    records: list[dict] = []
+    for path in paths:
+        path = Path(path)
+        if path.is_dir():
+            records.extend(read_records(sorted(path.glob("*.jsonl"))))
+        elif not path.exists():
+            raise FtplanError(f"calibration file {path} does not exist")
+        else:
+            records.extend(iter_records(path))
+    return records
+
+
+def finished_trials(path: Path) -> set[tuple[str, int]]:
+    """(setting_key, micro_batch) of trials already measured in a file, so a re-run can skip them."""
+    if not Path(path).exists():
+        return set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecordWarning)
+        return {(r["setting_key"], r["micro_batch"]) for r in iter_records(path) if r["status"] in ("ok", "oom")}

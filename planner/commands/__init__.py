@@ -1,0 +1,1 @@
+"""One module per `ftplan` subcommand; each exposes `command`, a thin click wrapper."""
