@@ -1,0 +1,124 @@
+"""Why the recommended setup wins, and how far to trust it, in sentences a user can act on.
+
+Each reason compares the recommendation with its twin that differs in one switch (optimizer offload,
+Liger, gradient checkpointing), so the user sees what that switch costs or buys on this run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from models.architecture import load_architecture
+from models.hardware import GIB
+from models.prediction import SOURCE_EXTRAPOLATED, SOURCE_PRIOR
+from planner.eta import format_duration
+from planner.search import Plan, SetupPlan
+
+
+@dataclass(frozen=True)
+class Switch:
+    name: str
+    field: str
+    why: str
+
+
+SWITCHES = (
+    Switch("optimizer offload", "offload_optimizer",
+           "offload keeps optimizer states and the Adam step on the CPU: it frees GPU memory but pays "
+           "PCIe transfers and CPU compute on every step"),
+    Switch("Liger", "liger",
+           "Liger's fused linear cross-entropy never materialises the logits, so per-sample memory falls "
+           "and its gain grows with batch size"),
+    Switch("gradient checkpointing", "gradient_checkpointing",
+           "checkpointing recomputes the forward pass during backward: about a third more compute per "
+           "step for far less activation memory"),
+)
+
+
+def _twin(plan: Plan, setup: SetupPlan, switch: Switch) -> SetupPlan | None:
+    """The best-ranked setup equal to `setup` except for this switch (any ZeRO stage when it is offload)."""
+    flipped = not getattr(setup.setting, switch.field)
+    ignore = {switch.field} | ({"zero_stage"} if switch.field == "offload_optimizer" else set())
+    mine = {k: v for k, v in setup.setting.to_dict().items() if k not in ignore}
+    for candidate in [*plan.ranked, *plan.too_slow, *plan.unfit]:
+        theirs = candidate.setting.to_dict()
+        if theirs[switch.field] == flipped and all(theirs[k] == v for k, v in mine.items()):
+            return candidate
+    return None
+
+
+def _compare(plan: Plan, rec: SetupPlan, switch: Switch) -> str | None:
+    twin = _twin(plan, rec, switch)
+    if twin is None:
+        return None
+    state = "on" if getattr(rec.setting, switch.field) else "off"
+    usable = plan.request.budget.usable_bytes / GIB
+    if not twin.fits:
+        need = twin.at_batch_one.peak_reserved.upper / GIB
+        return (f"{switch.name} {state}: without that, not even batch 1 fits "
+                f"({need:.1f} GiB > {usable:.1f} GiB usable). {switch.why}.")
+    ours, theirs = rec.best, twin.best
+    if rec.batch > twin.batch and ours.seconds_per_step.mean >= theirs.seconds_per_step.mean:
+        verdict = "the larger batch outweighs the slower step"
+    elif rec.batch <= twin.batch and ours.seconds_per_step.mean < theirs.seconds_per_step.mean:
+        verdict = "the faster step outweighs the other's batch"
+    else:
+        verdict = "fewer steps and time per sample decide it"
+    return (f"{switch.name} {state}: batch {rec.batch} at {ours.seconds_per_step.mean:.2f} s/step, "
+            f"{format_duration(rec.eta.total_seconds)} in total, against batch {twin.batch} at "
+            f"{theirs.seconds_per_step.mean:.2f} s/step, {format_duration(twin.eta.total_seconds)} "
+            f"with it {'off' if state == 'on' else 'on'}; {verdict}. {switch.why}.")
+
+
+def _training_note(plan: Plan, rec: SetupPlan) -> str:
+    """Full fine-tuning and LoRA are different trainings: say what LoRA trades, and name the best of the other."""
+    arch = load_architecture(plan.request.base.model)
+    other_kind = "full" if rec.training == "lora" else "lora"
+    other = next((s for s in plan.ranked if s.training == other_kind), None)
+    if rec.training == "lora":
+        trainable = arch.lora_params(rec.setting.lora_rank, rec.setting.lora_targets)
+        note = (f"LoRA r={rec.setting.lora_rank} trains {trainable:,} of {arch.params_total:,} parameters "
+                f"({trainable / arch.params_total:.2%}): less memory and traffic, but it is a different training "
+                "(low-rank adapters, frozen base weights) that can fall short of full fine-tuning on large "
+                "domain shifts.")
+    else:
+        note = f"Full fine-tuning updates all {arch.params_total:,} parameters."
+    if other is not None:
+        flag = "--full" if other_kind == "full" else "--lora"
+        note += (f" Best {'full fine-tuning' if other_kind == 'full' else 'LoRA'} setup: {other.setting.label()}, "
+                 f"batch {other.batch}, {format_duration(other.eta.total_seconds)} ({flag} to recommend among those).")
+    return note
+
+
+def reasons(plan: Plan) -> list[str]:
+    """Why the recommendation wins: its headline, one comparison per switch, and what LoRA trades."""
+    rec = plan.recommended
+    if rec is None:
+        return []
+    metric = "cheapest" if plan.request.by == "cost" else "fastest"
+    kind = {"any": "", "full": " full fine-tuning", "lora": " LoRA"}[plan.request.training]
+    lines = [f"{rec.setting.label()} is the {metric}{kind} setup that fits: batch {rec.batch} per GPU, "
+             f"{rec.eta.steps:,} steps × {rec.eta.seconds_per_step:.2f} s = {format_duration(rec.eta.total_seconds)}"
+             + (f", {rec.eta.cost:,.2f} in total" if rec.eta.cost is not None else "") + "."]
+    lines += [line for switch in SWITCHES if (line := _compare(plan, rec, switch))]
+    lines.append(_training_note(plan, rec))
+    return lines
+
+
+def warnings_for(plan: Plan) -> list[str]:
+    """How far to trust the recommendation: extrapolation, the prior alone, or nothing to recommend."""
+    rec = plan.recommended
+    if rec is None:
+        limit = plan.request.max_hours
+        kind = {"any": "", "full": "full fine-tuning ", "lora": "LoRA "}[plan.request.training]
+        why = f" within {limit:g} h" if limit is not None else ""
+        return [f"no {kind}setup fits and finishes{why}; see the lists below the table"]
+    found = []
+    if rec.best.source == SOURCE_EXTRAPOLATED:
+        found.append(f"batch {rec.batch} lies outside the calibrated batch range of {rec.setting.label()}: "
+                     "memory and time are extrapolated; confirm with a short run before committing")
+    elif rec.best.source == SOURCE_PRIOR:
+        found.append(f"{rec.setting.label()} was never calibrated on this GPU: the recommendation rests on the "
+                     "analytic prior alone; run `ftplan calibrate` for it before committing")
+    found += list(rec.best.notes)
+    return found
