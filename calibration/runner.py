@@ -1,0 +1,128 @@
+"""Calibrate many settings: walk each one's batch-size ladder, one trial at a time, resumably.
+
+Every finished trial is appended (locked, fsynced) before the next one starts, and trials already
+in the output file are never re-run, so killing a calibration loses at most the trial in flight.
+One trial's crash or OOM only ends that setting's ladder step; the other settings go on.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from calibration import launcher
+from calibration.ladder import LadderStep, next_step, remaining_estimate
+from calibration.launcher import TrialOutcome, TrialSpec, run_trial
+from calibration.records import RecordWarning, append_record, build_record, iter_records, summarise_per_gpu
+from calibration.settings import Setting
+from models.architecture import load_architecture
+
+
+@dataclass(frozen=True)
+class CalibrationPlan:
+    """Everything a calibration run needs besides the settings themselves."""
+
+    out: Path
+    device: str = "cuda"
+    steps: int = 4
+    warmup_steps: int = 2
+    timeout: float = 900.0
+    max_batch: int = 1024
+    batch_sizes: tuple[int, ...] | None = None
+    machine_id: str = ""
+    command: str = ""
+    log_dir: Path | None = None
+    trial_command: tuple[str, ...] = field(default=launcher.TRIAL_COMMAND)
+
+
+class Progress(Protocol):
+    """What the runner tells its caller; the CLI draws it with rich, a library caller may ignore it."""
+
+    def trial_started(self, index: int, total: int, setting: Setting, batch: int) -> None: ...
+    def trial_finished(self, record: dict) -> None: ...
+    def setting_finished(self, setting: Setting, step: LadderStep) -> None: ...
+
+
+class _Silent:
+    def trial_started(self, index: int, total: int, setting: Setting, batch: int) -> None: ...
+    def trial_finished(self, record: dict) -> None: ...
+    def setting_finished(self, setting: Setting, step: LadderStep) -> None: ...
+
+
+def known_outcomes(path: Path) -> dict[str, dict[int, str]]:
+    """setting_key -> {batch: ok|oom} from an earlier run; errors are not kept, so they are retried."""
+    outcomes: dict[str, dict[int, str]] = {}
+    if Path(path).exists():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RecordWarning)
+            for record in iter_records(path):
+                if record["status"] in ("ok", "oom"):
+                    outcomes.setdefault(record["setting_key"], {})[record["micro_batch"]] = record["status"]
+    return outcomes
+
+
+def calibrate(settings: Sequence[Setting], plan: CalibrationPlan, progress: Progress | None = None) -> list[dict]:
+    """Run every setting's remaining trials; return the records written by this run."""
+    progress = progress or _Silent()
+    outcomes = known_outcomes(plan.out)
+    per_setting = [outcomes.setdefault(s.key(), {}) for s in settings]
+    written: list[dict] = []
+    for setting, done in zip(settings, per_setting):
+        while (step := next_step(done, plan.max_batch, plan.batch_sizes)).batch is not None:
+            total = len(written) + sum(remaining_estimate(d, plan.max_batch, plan.batch_sizes) for d in per_setting)
+            progress.trial_started(len(written) + 1, total, setting, step.batch)
+            record = _run_one(setting, step.batch, plan)
+            append_record(plan.out, record)
+            written.append(record)
+            done[step.batch] = record["status"]
+            progress.trial_finished(record)
+        progress.setting_finished(setting, step)
+    return written
+
+
+def _run_one(setting: Setting, batch: int, plan: CalibrationPlan) -> dict:
+    spec = TrialSpec(setting, batch, plan.device, plan.steps, plan.warmup_steps)
+    started = time.time()
+    outcome = run_trial(spec, plan.timeout, plan.trial_command, plan.log_dir)
+    return build_record(setting, batch, outcome.status, message=outcome.message,
+                        timestamp=dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(timespec="seconds"),
+                        source="calibrate", machine_id=plan.machine_id, device=plan.device,
+                        arch_hash=load_architecture(setting.model).hash, command=plan.command,
+                        trial_seconds=round(outcome.seconds, 3), **measurements(outcome, setting, batch))
+
+
+def measurements(outcome: TrialOutcome, setting: Setting, batch: int) -> dict:
+    """Combine the ranks' results into the record's measured fields.
+
+    Step times: data-parallel ranks wait for each other every step, so a step lasts as long as its
+    slowest rank; step_seconds holds that per-step maximum and seconds_per_step its median. Memory:
+    per-GPU lists plus min/mean/max, because the fullest GPU decides an OOM.
+    """
+    results = [r.result for r in outcome.ranks]
+    first = results[0] if results else {}
+    step_seconds = [max(steps) for steps in zip(*(r.get("step_seconds") or [] for r in results))]
+    seconds_per_step = statistics.median(step_seconds) if step_seconds else None
+    tokens = batch * setting.seq_len * setting.world_size
+    return {
+        **_per_gpu("peak_allocated_bytes", results),
+        **_per_gpu("peak_reserved_bytes", results),
+        "num_alloc_retries": max((r["num_alloc_retries"] for r in results if "num_alloc_retries" in r), default=None),
+        "step_seconds": step_seconds,
+        "steps_measured": len(step_seconds),
+        "seconds_per_step": seconds_per_step,
+        "tokens_per_second": tokens / seconds_per_step if seconds_per_step else None,
+        "gpu_count": setting.world_size,
+        **{key: first.get(key) for key in ("gpu_name", "gpu_memory_total_bytes", "params_total", "params_trainable", "versions")},
+    }
+
+
+def _per_gpu(name: str, results: list[dict]) -> dict:
+    """All ranks' values, or none: a list with a gap would no longer say which GPU held what."""
+    values = [r[name] for r in results if isinstance(r.get(name), int)]
+    return summarise_per_gpu(name, values if len(values) == len(results) else [])
