@@ -21,6 +21,9 @@ from models.errors import FtplanError
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "error")
 REQUIRED_KEYS = ("schema_version", "model", "micro_batch", "status", "setting_key")
+# Records of other kinds share the files (a "kind" field; trials have none) and are skipped by trial readers.
+REQUIRED_KEYS_BY_KIND = {"trial": REQUIRED_KEYS,
+                         "network": ("schema_version", "kind", "backend", "ranks", "latency_s", "bandwidth_gbs")}
 
 
 class RecordWarning(UserWarning):
@@ -68,8 +71,10 @@ def _ends_without_newline(fd: int) -> bool:
     return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
 
 
-def iter_records(path: Path) -> Iterator[dict]:
-    """Valid records of one file; bad lines are skipped with a RecordWarning naming file:line."""
+def iter_records(path: Path, kind: str = "trial") -> Iterator[dict]:
+    """Valid records of one kind in one file; bad lines are skipped with a RecordWarning naming file:line."""
+    if kind not in REQUIRED_KEYS_BY_KIND:
+        raise ValueError(f"record kind must be one of {tuple(REQUIRED_KEYS_BY_KIND)}, got {kind!r}")
     path = Path(path)
     try:
         text = path.read_text()
@@ -83,6 +88,8 @@ def iter_records(path: Path) -> Iterator[dict]:
         except json.JSONDecodeError:
             warnings.warn(f"{path}:{number}: corrupt or truncated record skipped", RecordWarning, stacklevel=2)
             continue
+        if isinstance(record, dict) and record.get("kind", "trial") != kind:
+            continue
         problem = _problem(record)
         if problem:
             warnings.warn(f"{path}:{number}: {problem}; record skipped", RecordWarning, stacklevel=2)
@@ -94,27 +101,28 @@ def iter_records(path: Path) -> Iterator[dict]:
 def _problem(record: object) -> str | None:
     if not isinstance(record, dict):
         return "not a JSON object"
-    missing = [k for k in REQUIRED_KEYS if k not in record]
+    kind = record.get("kind", "trial")
+    missing = [k for k in REQUIRED_KEYS_BY_KIND[kind] if k not in record]
     if missing:
         return f"missing {', '.join(missing)}"
     if not isinstance(record["schema_version"], int) or record["schema_version"] > SCHEMA_VERSION:
         return f"schema version {record['schema_version']} is newer than this ftplan understands ({SCHEMA_VERSION}); upgrade ftplan"
-    if record["status"] not in STATUSES:
+    if kind == "trial" and record["status"] not in STATUSES:
         return f"unknown status {record['status']!r}"
     return None
 
 
-def read_records(paths: Iterable[Path]) -> list[dict]:
-    """All valid records of several files (a folder means every *.jsonl in it)."""
+def read_records(paths: Iterable[Path], kind: str = "trial") -> list[dict]:
+    """All valid records of one kind in several files (a folder means every *.jsonl in it)."""
     records: list[dict] = []
     for path in paths:
         path = Path(path)
         if path.is_dir():
-            records.extend(read_records(sorted(path.glob("*.jsonl"))))
+            records.extend(read_records(sorted(path.glob("*.jsonl")), kind))
         elif not path.exists():
             raise FtplanError(f"calibration file {path} does not exist")
         else:
-            records.extend(iter_records(path))
+            records.extend(iter_records(path, kind))
     return records
 
 
