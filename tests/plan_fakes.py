@@ -1,0 +1,39 @@
+"""A predictor stand-in for planner tests: linear memory and time per setting, with knobs for the edge cases.
+
+Its numbers are test inputs chosen to make offload slower and Liger/checkpointing lighter, as the
+physics says; they are not measurements and never leave the tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from calibration.settings import Setting
+from models.hardware import GIB, GpuSpec
+from models.prediction import Estimate, Prediction
+
+
+@dataclass
+class FakePredictor:
+    full_static_gib: float = 60.0
+    offload_static_gib: float = 20.0
+    lora_static_gib: float = 18.0
+    per_sample_gib: float = 10.0
+    upper_factor: float = 1.05
+    source: str = "calibrated"
+    wall_batch: int | None = None
+    calls: list[tuple[Setting, int]] = field(default_factory=list)
+
+    def predict(self, setting: Setting, micro_batch: int, gpu: GpuSpec) -> Prediction:
+        self.calls.append((setting, micro_batch))
+        static = self.lora_static_gib if setting.lora_rank else (
+            self.offload_static_gib if setting.offload_optimizer else self.full_static_gib)
+        per_sample = self.per_sample_gib * (0.4 if setting.gradient_checkpointing else 1) * (0.5 if setting.liger else 1)
+        memory = (static + per_sample * micro_batch) * GIB
+        seconds = (0.5 + 0.4 * micro_batch) * (1.33 if setting.gradient_checkpointing else 1) \
+            * (0.7 if setting.lora_rank else 1) + (3.0 if setting.offload_optimizer else 0)
+        return Prediction(setting=setting, micro_batch=micro_batch, gpu=gpu.name,
+                          peak_allocated=Estimate(0.9 * memory, 0.9 * memory * self.upper_factor),
+                          peak_reserved=Estimate(memory, memory * self.upper_factor),
+                          seconds_per_step=Estimate(seconds, seconds * 1.1), source=self.source,
+                          wall_batch=self.wall_batch)
