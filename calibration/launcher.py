@@ -76,10 +76,11 @@ class TrialOutcome:
         return f"rank {failed[0].rank}: {failed[0].message}" if failed else ""
 
 
-def run_trial(spec: TrialSpec, timeout: float, trial_command: Sequence[str] = TRIAL_COMMAND,
+def run_trial(spec: TrialSpec, timeout: float, trial_command: Sequence[str] | None = None,
               log_dir: Path | None = None) -> TrialOutcome:
     """Launch every rank of one trial and wait until all have ended (or been ended).
 
+    trial_command defaults to TRIAL_COMMAND, looked up at call time (tests swap in fakes there).
     Rank logs go to log_dir (kept) when given, else to a temporary folder; a failed rank's last
     log line ends up in its message either way.
     """
@@ -95,7 +96,7 @@ def run_trial(spec: TrialSpec, timeout: float, trial_command: Sequence[str] = TR
         (workdir / "spec.json").write_text(json.dumps(spec.to_dict()))
         procs: list[subprocess.Popen] = []
         try:
-            _start_ranks(spec, workdir, logs, trial_command, procs)
+            _start_ranks(spec, workdir, logs, trial_command or TRIAL_COMMAND, procs)
             reason, stopped = _watch(procs, started + timeout, timeout)
         finally:
             _end_all(procs)

@@ -12,11 +12,10 @@ import statistics
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from calibration import launcher
 from calibration.ladder import LadderStep, next_step, remaining_estimate
 from calibration.launcher import TrialOutcome, TrialSpec, run_trial
 from calibration.records import RecordWarning, append_record, build_record, iter_records, summarise_per_gpu
@@ -38,7 +37,7 @@ class CalibrationPlan:
     machine_id: str = ""
     command: str = ""
     log_dir: Path | None = None
-    trial_command: tuple[str, ...] = field(default=launcher.TRIAL_COMMAND)
+    trial_command: tuple[str, ...] | None = None  # None: the real trial, calibration.launcher.TRIAL_COMMAND
 
 
 class Progress(Protocol):
