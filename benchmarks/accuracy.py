@@ -1,0 +1,202 @@
+"""How good are the fits on batches and sequence lengths they never saw?
+
+For every calibrated (setting, seq_len) with at least five ok batch sizes: fit on the three
+smallest and predict every larger healthy one (points at the allocator wall are the fit's
+observed limit, not something it predicts). Where a setting has three or more sequence lengths,
+also fit on all but one and predict the one left out. The predicted largest safe batch comes
+from `models.fit.largest_safe_batch`, the rule the planner uses.
+
+    python benchmarks/accuracy.py [--json] [--data PATH ...] [--external DIR]
+
+ftplan's own calibrations and the public measurements are evaluated and reported apart.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import warnings
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
+
+from benchmarks.external import DEFAULT_DIR, load_external  # noqa: E402
+from calibration.records import read_records  # noqa: E402
+from models.errors import FtplanError  # noqa: E402
+from models.fit import SAFETY_MARGIN, fit_setting, group_key, largest_safe_batch  # noqa: E402
+from models.paths import calibrations_dir  # noqa: E402
+from models.wall import reserved_capped, wall_batches  # noqa: E402
+
+MIN_OK_POINTS = 5
+TRAIN_POINTS = 3
+MIN_SEQ_LENS_FOR_HOLDOUT = 3  # two left to fit the sequence-length terms
+
+
+def evaluate(records: list[dict]) -> dict:
+    """Held-out errors per setting and pooled; the summary keys are the benchmark's contract."""
+    rows = []
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for record in records:
+        if record["status"] in ("ok", "oom"):
+            groups.setdefault(group_key(record), []).append(record)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for group in groups.values():
+            seq_lens = sorted({r["seq_len"] for r in group if r["status"] == "ok"})
+            for seq in seq_lens:
+                rows.extend(_larger_batches(group, seq))
+            if len(seq_lens) >= MIN_SEQ_LENS_FOR_HOLDOUT:
+                rows.extend(_left_out_seq_len(group, seq) for seq in seq_lens)
+    rows = [row for row in rows if row]
+    batch_rows = [r for r in rows if r["kind"] == "larger batches"]
+    seq_rows = [r for r in rows if r["kind"] == "left-out seq_len"]
+    return {**_summary(batch_rows), **{f"seq_holdout_{k}": v for k, v in _summary(seq_rows).items()
+                                       if not k.startswith("max_batch")}, "settings": rows}
+
+
+def _larger_batches(group: list[dict], seq: int) -> list[dict]:
+    ok = sorted((r for r in group if r["status"] == "ok" and r["seq_len"] == seq), key=lambda r: r["micro_batch"])
+    if len(ok) < MIN_OK_POINTS:
+        return []
+    walls = set(wall_batches(ok))
+    train = ok[:TRAIN_POINTS]
+    test = [r for r in ok[TRAIN_POINTS:] if r["micro_batch"] not in walls]
+    try:
+        fit = fit_setting(train)
+    except FtplanError:
+        return []
+    row = _errors(fit, test, "larger batches", seq)
+    row["train_batches"] = [r["micro_batch"] for r in train]
+    row.update(_max_batch(fit, group, ok, walls, seq))
+    return [row]
+
+
+def _left_out_seq_len(group: list[dict], seq: int) -> dict | None:
+    train = [r for r in group if r["seq_len"] != seq]
+    ok = [r for r in group if r["status"] == "ok" and r["seq_len"] == seq]
+    walls = set(wall_batches(ok))
+    try:
+        fit = fit_setting(train)
+    except FtplanError:
+        return None
+    row = _errors(fit, [r for r in ok if r["micro_batch"] not in walls], "left-out seq_len", seq)
+    row["train_batches"] = sorted({r["seq_len"] for r in train})
+    return row
+
+
+def _errors(fit, test: list[dict], kind: str, seq: int) -> dict:
+    def pct(predicted: float, measured: float | None) -> float | None:
+        return None if not measured else 100.0 * (predicted - measured) / measured
+
+    points = []
+    for r in test:
+        batch = r["micro_batch"]
+        points.append({"batch": batch,
+                       "memory": pct(fit.peak_allocated(batch, seq).mean, r.get("peak_allocated_bytes")),
+                       # reserved capped by the card measures the card, not the run
+                       "reserved": None if reserved_capped(r) else pct(fit.peak_reserved(batch, seq).mean,
+                                                                       r.get("peak_reserved_bytes")),
+                       "time": pct(fit.seconds_per_step(batch, seq).mean, r.get("seconds_per_step"))})
+    return {"kind": kind, "setting": fit.label.replace(f"s{fit.seq_lens[0]}", f"s{seq}")
+            if len(fit.seq_lens) == 1 else f"{fit.label} -> s{seq}", "gpu": fit.gpu_name, "seq_len": seq,
+            "points": points}
+
+
+def _max_batch(fit, group: list[dict], ok: list[dict], walls: set[int], seq: int) -> dict:
+    """Predicted largest safe batch against the largest batch that ran healthily before OOM or wall."""
+    ooms = [r["micro_batch"] for r in group if r["status"] == "oom" and r["seq_len"] == seq]
+    limit = min(ooms + sorted(walls), default=None)
+    capacity = max((r.get("gpu_memory_total_bytes") or 0) for r in ok)
+    if limit is None or not capacity:
+        return {"predicted_max_batch": None, "measured_max_batch": None}
+    measured = max((r["micro_batch"] for r in ok if r["micro_batch"] < limit), default=0)
+    return {"predicted_max_batch": largest_safe_batch(fit, seq, capacity, SAFETY_MARGIN),
+            "measured_max_batch": measured}
+
+
+def _summary(rows: list[dict]) -> dict:
+    def stats(name: str) -> tuple[float | None, float | None]:
+        errors = [abs(p[name]) for row in rows for p in row["points"] if p[name] is not None]
+        return (statistics.median(errors), max(errors)) if errors else (None, None)
+
+    judged = [r for r in rows if r.get("measured_max_batch") is not None]
+    summary = {}
+    for key, name in (("memory", "memory"), ("reserved_memory", "reserved"), ("time", "time")):
+        summary[f"{key}_median_abs_pct_error"], summary[f"{key}_max_abs_pct_error"] = stats(name)
+    summary["max_batch_exact_fraction"] = (
+        sum(r["predicted_max_batch"] == r["measured_max_batch"] for r in judged) / len(judged) if judged else None)
+    summary["max_batch_unsafe_count"] = sum(r["predicted_max_batch"] > r["measured_max_batch"] for r in judged)
+    summary["max_batch_settings_judged"] = len(judged)
+    summary["test_points"] = sum(len(r["points"]) for r in rows)
+    return summary
+
+
+# Leave-one-model-out evaluation of the analytic prior: owned by the prior's engineer. It belongs in
+# this file as a function returning rows shaped like `_errors`' (kind "left-out model"), pooled by
+# `_summary` under its own key prefix, like the sequence-length hold-out above.
+
+
+def _table(title: str, result: dict) -> Table:
+    table = Table(title=title)
+    for column in ("held out", "setting", "GPU", "train", "n", "alloc med/max %", "reserved med/max %",
+                   "time med/max %", "max batch pred/meas"):
+        table.add_column(column)
+    for row in result["settings"]:
+        cells = [_med_max(row["points"], name) for name in ("memory", "reserved", "time")]
+        batch = ("" if row.get("predicted_max_batch") is None
+                 else f"{row['predicted_max_batch']}/{row['measured_max_batch']}")
+        table.add_row(row["kind"], row["setting"], row["gpu"], ",".join(map(str, row["train_batches"])),
+                      str(len(row["points"])), *cells, batch)
+    return table
+
+
+def _med_max(points: list[dict], name: str) -> str:
+    errors = [abs(p[name]) for p in points if p[name] is not None]
+    return f"{statistics.median(errors):.2f} / {max(errors):.2f}" if errors else "-"
+
+
+def _overall(title: str, result: dict) -> Table:
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in result.items():
+        if key != "settings":
+            table.add_row(key, "-" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value))
+    return table
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option("--data", "paths", multiple=True, type=click.Path(path_type=Path),
+              help="Calibration JSONL files or folders (default: the shipped data/calibrations/).")
+@click.option("--external", type=click.Path(path_type=Path), default=DEFAULT_DIR, show_default=True,
+              help="Folder of the public measurements; skipped when absent.")
+def main(as_json: bool, paths: tuple[Path, ...], external: Path) -> None:
+    """Accuracy of ftplan's fits on held-out batch sizes and sequence lengths."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            own = read_records(paths or [calibrations_dir()])
+    except FtplanError as exc:
+        raise click.ClickException(str(exc)) from None
+    result = evaluate(own)
+    public = load_external(external)
+    result["external"] = evaluate(public) if public else None
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+        return
+    console = Console()
+    console.print(_table("ftplan calibrations: held-out accuracy", result))
+    console.print(_overall("ftplan calibrations: overall", {k: v for k, v in result.items() if k != "external"}))
+    if public:
+        console.print(_table(f"public measurements ({external}): held-out accuracy", result["external"]))
+        console.print(_overall("public measurements: overall", result["external"]))
+
+
+if __name__ == "__main__":
+    main()

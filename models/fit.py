@@ -1,0 +1,220 @@
+"""Fits of calibration records: peak memory and step time against micro-batch, per setting and GPU.
+
+One SettingFit per (setting without seq_len, GPU): it holds the records it came from, curves of
+peak allocated memory and seconds per step, the allocator's overhead on top of allocated (which
+makes reserved), and what the ladder observed at the top (the allocator wall, the first OOM). `largest_safe_batch` is the one rule that turns a fit and a
+card into a batch size; the planner and the accuracy benchmark both use it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import warnings
+from dataclasses import dataclass
+
+from calibration.settings import Setting
+from models.curve import Curve, fit_memory_curve, fit_time_curve
+from models.errors import FtplanError
+from models.prediction import Estimate
+from models.wall import reserved_capped, wall_batches
+
+# Relative floors of the upper prediction bound, for fits whose few points leave residuals near zero.
+# Reserved memory gets a wider one: fragmentation varies by tens of percent between settings.
+ALLOCATED_FLOOR = 0.02
+RESERVED_FLOOR = 0.04
+TIME_FLOOR = 0.05
+SAFETY_MARGIN = 0.05  # share of the card kept free: CUDA context, NCCL buffers, allocator slack
+MAX_BATCH = 4096      # search ceiling when memory stops growing with batch
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """Reserved minus allocated memory (allocator cache and fragmentation), in bytes.
+
+    A constant taken from the larger half of the batches, not a line: it varies by several GiB
+    from one batch to the next without a trend that three points could extrapolate, and it is
+    the large batches that decide what fits.
+    """
+
+    typical: float   # median over the larger half
+    highest: float   # largest observed there
+    n_points: int
+
+    @classmethod
+    def fit(cls, records: list[dict]) -> Overhead:
+        measured = sorted((r["micro_batch"] * r["seq_len"], r["peak_reserved_bytes"] - r["peak_allocated_bytes"])
+                          for r in records if r.get("peak_reserved_bytes") and not reserved_capped(r))
+        larger = [gap for _, gap in measured[len(measured) // 2:]]
+        if not larger:  # no reserved memory measured (CPU): no caching allocator, nothing to add
+            return cls(0.0, 0.0, 0)
+        return cls(float(statistics.median(larger)), float(max(larger)), len(measured))
+
+    def to_json(self) -> dict:
+        return {"typical": self.typical, "highest": self.highest, "n_points": self.n_points}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Overhead:
+        return cls(float(data["typical"]), float(data["highest"]), int(data["n_points"]))
+
+
+@dataclass(frozen=True)
+class SettingFit:
+    """Memory and time of one setting on one GPU type, fitted from its records."""
+
+    setting: dict           # Setting fields without seq_len
+    gpu_name: str
+    capacity_bytes: int | None
+    allocated: Curve
+    overhead: Overhead
+    time: Curve
+    walls: tuple[tuple[int, int], ...]  # (seq_len, batch) at the allocator wall
+    records: tuple[dict, ...]
+
+    def setting_at(self, seq_len: int) -> Setting:
+        return Setting.from_dict({**self.setting, "seq_len": seq_len})
+
+    @property
+    def label(self) -> str:
+        """e.g. 'llama-3-8b zero3 full gc s1024,2048 8gpu expandable_segments:True on A100-80GB'."""
+        first = self.seq_lens[0]
+        lengths = "s" + ",".join(str(s) for s in self.seq_lens)
+        parts = [self.setting["model"], self.setting_at(first).label().replace(f"s{first}", lengths),
+                 self.setting["alloc_conf"], "on", self.gpu_name]
+        return " ".join(p for p in parts if p)
+
+    @property
+    def seq_lens(self) -> list[int]:
+        return sorted({r["seq_len"] for r in self.records if r["status"] == "ok"})
+
+    def covers(self, seq_len: int) -> bool:
+        """A fit from one sequence length says nothing about another; several generalise."""
+        return len(self.seq_lens) > 1 or seq_len in self.seq_lens
+
+    def peak_allocated(self, batch: int, seq_len: int) -> Estimate:
+        return self.allocated.predict(batch, seq_len)
+
+    def peak_reserved(self, batch: int, seq_len: int) -> Estimate:
+        """Allocated plus the allocator's overhead, with its own, wider bound."""
+        allocated = self.allocated.predict(batch, seq_len)
+        mean = allocated.mean + self.overhead.typical
+        upper = max(allocated.upper + self.overhead.highest, mean * (1 + RESERVED_FLOOR))
+        return Estimate(mean=mean, upper=upper)
+
+    def seconds_per_step(self, batch: int, seq_len: int) -> Estimate:
+        return self.time.predict(batch, seq_len)
+
+    def calibrated_batches(self, seq_len: int) -> list[int]:
+        return sorted({r["micro_batch"] for r in self.records if r["status"] == "ok" and r["seq_len"] == seq_len})
+
+    def largest_ok_batch(self, seq_len: int) -> int | None:
+        return max(self.calibrated_batches(seq_len), default=None)
+
+    def smallest_oom_batch(self, seq_len: int) -> int | None:
+        """Smallest batch known to run out of memory at this length (an OOM at a shorter length counts too)."""
+        return min((r["micro_batch"] for r in self.records
+                    if r["status"] == "oom" and r["seq_len"] <= seq_len), default=None)
+
+    def wall_batches(self, seq_len: int) -> list[int]:
+        return [batch for seq, batch in self.walls if seq == seq_len]
+
+    def observed_limit(self, seq_len: int) -> int | None:
+        """Smallest batch seen at the wall or OOM at this or a shorter length: no safe batch reaches it."""
+        limits = [batch for seq, batch in self.walls if seq <= seq_len]
+        oom = self.smallest_oom_batch(seq_len)
+        return min(limits + ([oom] if oom else []), default=None)
+
+    @property
+    def n_points(self) -> int:
+        return self.allocated.n_points
+
+    @property
+    def r2(self) -> dict[str, float | None]:
+        return {"memory": self.allocated.r2, "time": self.time.r2}
+
+    def to_json(self) -> dict:
+        return {"setting": self.setting, "gpu_name": self.gpu_name, "capacity_bytes": self.capacity_bytes,
+                "peak_allocated": self.allocated.to_json(), "reserved_overhead": self.overhead.to_json(),
+                "seconds_per_step": self.time.to_json(), "walls": [list(w) for w in self.walls],
+                "records": list(self.records)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> SettingFit:
+        return cls(setting=data["setting"], gpu_name=data["gpu_name"], capacity_bytes=data["capacity_bytes"],
+                   allocated=Curve.from_json(data["peak_allocated"]),
+                   overhead=Overhead.from_json(data["reserved_overhead"]),
+                   time=Curve.from_json(data["seconds_per_step"]),
+                   walls=tuple((int(s), int(b)) for s, b in data["walls"]), records=tuple(data["records"]))
+
+
+def setting_without_seq_len(data: dict) -> dict:
+    """The setting fields of a record or Setting dict, less seq_len: what one fit generalises across."""
+    setting = Setting.from_dict(data).to_dict()
+    del setting["seq_len"]
+    return setting
+
+
+def group_key(record: dict) -> tuple[str, str]:
+    """(setting without seq_len, GPU) as a hashable key: what one fit covers."""
+    return json.dumps(setting_without_seq_len(record), sort_keys=True), str(record.get("gpu_name"))
+
+
+def fit_setting(records: list[dict]) -> SettingFit:
+    """Fit one group's ok/oom records; FtplanError when fewer than two healthy batch sizes exist."""
+    records = [r for r in records if r["status"] in ("ok", "oom")]
+    first = records[0]
+    label = f"{Setting.from_dict(first).label()} on {first.get('gpu_name')}"
+    ok = [r for r in records if r["status"] == "ok" and r.get("peak_allocated_bytes")]
+    walls = tuple(sorted((seq, batch) for seq in {r["seq_len"] for r in ok}
+                         for batch in wall_batches([r for r in ok if r["seq_len"] == seq])))
+    healthy = [r for r in ok if (r["seq_len"], r["micro_batch"]) not in walls]
+    if len({(r["seq_len"], r["micro_batch"]) for r in healthy}) < 2:
+        raise FtplanError(f"{label}: fewer than two healthy batch sizes measured, nothing to fit")
+    allocated = fit_memory_curve(*_columns(healthy, "peak_allocated_bytes"), ALLOCATED_FLOOR)
+    timed = [r for r in healthy if r.get("seconds_per_step")]
+    if len({r["micro_batch"] for r in timed}) < 2:
+        raise FtplanError(f"{label}: fewer than two timed batch sizes measured, nothing to fit")
+    time = fit_time_curve(*_columns(timed, "seconds_per_step"), TIME_FLOOR)
+    capacity = max((r.get("gpu_memory_total_bytes") or 0 for r in records), default=0) or None
+    return SettingFit(setting=setting_without_seq_len(first), gpu_name=str(first.get("gpu_name")), capacity_bytes=capacity,
+                      allocated=allocated, overhead=Overhead.fit(healthy), time=time, walls=walls,
+                      records=tuple(records))
+
+
+def _columns(records: list[dict], key: str) -> tuple[list[int], list[int], list[float]]:
+    return ([r["micro_batch"] for r in records], [r["seq_len"] for r in records], [float(r[key]) for r in records])
+
+
+def largest_safe_batch(fit: SettingFit, seq_len: int, capacity_bytes: int,
+                       margin: float = SAFETY_MARGIN) -> int:
+    """Largest micro-batch whose upper bound of reserved memory stays under capacity·(1 − margin).
+
+    It stays below any batch observed at the wall or OOM; 0 when not even batch 1 fits.
+    Memory is non-decreasing in batch, so a bisection finds it.
+    """
+    budget = capacity_bytes * (1 - margin)
+    limit = fit.observed_limit(seq_len)
+    ceiling = min(MAX_BATCH, limit - 1) if limit else MAX_BATCH
+    low, high = 0, ceiling  # fits(low) holds; search the largest batch that fits
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fit.peak_reserved(middle, seq_len).upper <= budget:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def fit_groups(records: list[dict]) -> list[SettingFit]:
+    """One fit per (setting without seq_len, GPU); groups that cannot be fitted are skipped with a warning."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for record in records:
+        if record["status"] in ("ok", "oom"):
+            groups.setdefault(group_key(record), []).append(record)
+    fits = []
+    for group in groups.values():
+        try:
+            fits.append(fit_setting(group))
+        except FtplanError as exc:
+            warnings.warn(f"{exc}; skipped", UserWarning, stacklevel=2)
+    return fits

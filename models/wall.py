@@ -1,0 +1,63 @@
+"""Finding the allocator wall: the largest batches that ran, but only just.
+
+Near the card's capacity the caching allocator frees its cache and retries, allocated memory
+stops growing and step time kinks upwards before the first OOM. Such points would bend a line
+fitted through them, so they are kept apart as the observed limit of the setting.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+STALL_FRACTION = 0.25  # a per-sample memory step below a quarter of the usual one means memory stopped growing
+TIME_KINK = 0.25       # a step time 25% above the line through the smaller batches is a kink
+NEAR_CAPACITY = 0.95   # reserved above this share of the card is capped by it, not by the model
+
+
+def wall_batches(points: list[dict]) -> list[int]:
+    """Batches at the wall among the ok records of one setting and sequence length.
+
+    Only the top of the ladder is examined, walking down from the largest batch and stopping at
+    the first healthy point, so noise in the middle of the ladder is never mistaken for a wall.
+    """
+    points = sorted(points, key=lambda r: r["micro_batch"])
+    walls: list[int] = []
+    for i in range(len(points) - 1, 1, -1):
+        if not _at_wall(points[i], points[:i]):
+            break
+        walls.append(points[i]["micro_batch"])
+    return sorted(walls)
+
+
+def reserved_capped(record: dict) -> bool:
+    """Whether reserved memory was limited by the card rather than by what the run asked for."""
+    capacity = record.get("gpu_memory_total_bytes")
+    reserved = record.get("peak_reserved_bytes")
+    return bool(capacity and reserved and reserved >= NEAR_CAPACITY * capacity)
+
+
+def _at_wall(point: dict, below: list[dict]) -> bool:
+    if (point.get("num_alloc_retries") or 0) > 0:
+        return True
+    return _memory_stalled(point, below) or _time_kinked(point, below)
+
+
+def _memory_stalled(point: dict, below: list[dict]) -> bool:
+    chain = [r for r in below if r.get("peak_allocated_bytes")] + [point]
+    if len(chain) < 3 or not point.get("peak_allocated_bytes"):
+        return False
+    batch = np.array([r["micro_batch"] for r in chain], float)
+    memory = np.array([r["peak_allocated_bytes"] for r in chain], float)
+    per_sample = np.diff(memory) / np.diff(batch)
+    return bool(per_sample[-1] < STALL_FRACTION * np.median(per_sample[:-1]))
+
+
+def _time_kinked(point: dict, below: list[dict]) -> bool:
+    timed = [r for r in below if r.get("seconds_per_step")]
+    if len(timed) < 2 or not point.get("seconds_per_step"):
+        return False
+    batch = np.array([r["micro_batch"] for r in timed], float)
+    seconds = np.array([r["seconds_per_step"] for r in timed], float)
+    slope, intercept = np.polyfit(batch, seconds, 1)
+    expected = intercept + slope * point["micro_batch"]
+    return bool(point["seconds_per_step"] > (1 + TIME_KINK) * expected)
