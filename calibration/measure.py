@@ -1,0 +1,87 @@
+"""How ftplan measures memory and identity, shared by calibration trials and the Trainer callback.
+
+On CUDA the caching allocator's peaks are the truth an OOM is decided by; on CPU the process's
+peak resident set (VmHWM, reset through /proc/self/clear_refs) stands in, so CI runs the same path.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import socket
+from pathlib import Path
+
+PROC_STATUS = Path("/proc/self/status")
+TRACKED_PACKAGES = ("torch", "transformers", "deepspeed", "liger_kernel", "peft", "accelerate")
+
+
+def _cpu_peak_rss_bytes() -> int:
+    match = re.search(r"VmHWM:\s+(\d+) kB", PROC_STATUS.read_text())
+    if match:
+        return int(match.group(1)) * 1024
+    import resource  # non-Linux fallback: ru_maxrss cannot be reset, but is still a real peak
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def reset_peak_memory(device: str) -> None:
+    """Start a new peak window, so model building before training can be left out or kept deliberately."""
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            pass
+
+
+def peak_memory(device: str) -> tuple[int, int, int]:
+    """(peak allocated bytes, peak reserved bytes, allocator retries) since the last reset."""
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+        stats = torch.cuda.memory_stats()
+        return (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(),
+                int(stats.get("num_alloc_retries", 0)))
+    peak = _cpu_peak_rss_bytes()
+    return peak, peak, 0
+
+
+def gpu_identity(device: str) -> tuple[str, int]:
+    """(device name, total memory in bytes) of the device this process trains on."""
+    if device == "cuda":
+        import torch
+
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return props.name, props.total_memory
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return "cpu", total
+
+
+def library_versions() -> dict:
+    versions = {}
+    for name in TRACKED_PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name.replace("_", "-"))
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    try:
+        import torch
+
+        versions["cuda"] = torch.version.cuda
+    except ImportError:
+        versions["cuda"] = None
+    return versions
+
+
+def alloc_conf() -> str:
+    return os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+
+
+def machine_id() -> str:
+    return os.environ.get("FTPLAN_MACHINE_ID") or socket.gethostname()
