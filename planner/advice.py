@@ -85,7 +85,7 @@ def _training_note(plan: Plan, rec: SetupPlan) -> str:
         note = f"Full fine-tuning updates all {arch.params_total:,} parameters."
     if other is not None:
         flag = "--full" if other_kind == "full" else "--lora"
-        note += (f" Best {'full fine-tuning' if other_kind == 'full' else 'LoRA'} setup: {other.setting.label()}, "
+        note += (f" Best {'full fine-tuning' if other_kind == 'full' else 'LoRA'} setup: {other.label}, "
                  f"batch {other.batch}, {format_duration(other.eta.total_seconds)} ({flag} to recommend among those).")
     return note
 
@@ -97,7 +97,7 @@ def reasons(plan: Plan) -> list[str]:
         return []
     metric = "cheapest" if plan.request.by == "cost" else "fastest"
     kind = {"any": "", "full": " full fine-tuning", "lora": " LoRA"}[plan.request.training]
-    lines = [f"{rec.setting.label()} is the {metric}{kind} setup that fits: batch {rec.batch} per GPU, "
+    lines = [f"{rec.label} is the {metric}{kind} setup that fits: batch {rec.batch} per GPU, "
              f"{rec.eta.steps:,} steps × {rec.eta.seconds_per_step:.2f} s = {format_duration(rec.eta.total_seconds)}"
              + (f", {rec.eta.cost:,.2f} in total" if rec.eta.cost is not None else "") + "."]
     lines += [line for switch in SWITCHES if (line := _compare(plan, rec, switch))]
@@ -115,10 +115,10 @@ def warnings_for(plan: Plan) -> list[str]:
         return [f"no {kind}setup fits and finishes{why}; see the lists below the table"]
     found = []
     if rec.best.source == SOURCE_EXTRAPOLATED:
-        found.append(f"batch {rec.batch} lies outside the calibrated batch range of {rec.setting.label()}: "
+        found.append(f"batch {rec.batch} lies outside the calibrated batch range of {rec.label}: "
                      "memory and time are extrapolated; confirm with a short run before committing")
     elif rec.best.source == SOURCE_PRIOR:
-        found.append(f"{rec.setting.label()} was never calibrated on this GPU: the recommendation rests on the "
+        found.append(f"{rec.label} was never calibrated on this GPU: the recommendation rests on the "
                      "analytic prior alone; run `ftplan calibrate` for it before committing")
     found += list(rec.best.notes)
     return found

@@ -57,7 +57,7 @@ def readme(setup: SetupPlan, request: PlanRequest) -> str:
     launch = (f"deepspeed --num_gpus {setting.gpus} train.py" if setting.uses_deepspeed and setting.nodes == 1
               else f"torchrun --nproc_per_node {setting.gpus} train.py")
     lines = [
-        f"ftplan plan: {setting.label()} for {setting.model} on {setting.world_size} x {request.gpu.name}",
+        f"ftplan plan: {setup.label} for {setting.model} on {setting.world_size} x {request.gpu.name}",
         f"micro-batch {setup.batch} per GPU, {setup.eta.steps:,} steps x {setup.eta.seconds_per_step:.2f} s = "
         f"{format_duration(setup.eta.total_seconds)} (h:mm), predicted source: {setup.best.source}",
         "",

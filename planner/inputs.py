@@ -1,4 +1,4 @@
-"""What plan, eta and report read from the user: the GPU, the memory budget, and the predictor.
+"""What plan, eta and report read from the user: the GPU, the memory budget, and the calibrations.
 
 Shared so the three commands state the same defaults and fail on bad input with the same one line.
 """
@@ -6,13 +6,16 @@ Shared so the three commands state the same defaults and fail on bad input with 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
 from calibration.records import read_records
+from calibration.settings import Setting
 from models.errors import FtplanError
 from models.hardware import GIB, GpuSpec, find_gpu, load_catalog
+from models.paths import calibrations_dir
 from planner.search import DEFAULT_CONTEXT_RESERVE_GIB, DEFAULT_SAFETY_MARGIN, MemoryBudget
 
 
@@ -26,9 +29,10 @@ def gpu_options(command: Callable) -> Callable:
 def budget_options(command: Callable) -> Callable:
     """--safety-margin and --context-reserve-gib: the policy that turns capacity into usable memory."""
     command = click.option("--context-reserve-gib", type=float, default=DEFAULT_CONTEXT_RESERVE_GIB, show_default=True,
-                           help="GiB kept for the CUDA context and NCCL buffers, which torch's reserved bytes omit.")(command)
+                           help="GiB kept for the CUDA context and NCCL buffers on top of the margin "
+                                "(torch's reserved bytes omit them).")(command)
     return click.option("--safety-margin", type=float, default=DEFAULT_SAFETY_MARGIN, show_default=True,
-                        help="Fraction of capacity kept free on top of the upper prediction bound.")(command)
+                        help="Fraction of capacity kept free above the upper prediction bound.")(command)
 
 
 def calibrations_option(command: Callable) -> Callable:
@@ -36,20 +40,50 @@ def calibrations_option(command: Callable) -> Callable:
                         help="Calibration JSONL file or folder (repeatable); default: the calibrations shipped in data/.")(command)
 
 
-def resolve_gpu(name: str, specs: Path | None) -> GpuSpec:
-    return find_gpu(name, load_catalog(specs))
+@dataclass(frozen=True)
+class Evidence:
+    """The calibration records a command works from, the predictor fitted on them, and the card."""
+
+    records: list[dict]
+    predictor: object
+    gpu: GpuSpec
+    catalog: dict[str, GpuSpec]
+
+    def calibrated_settings(self, model: str) -> list[Setting]:
+        """Settings of this model with measured trials, on any GPU (the predictor transfers across cards)."""
+        return list(dict.fromkeys(Setting.from_dict(r) for r in self.records
+                                  if r["model"] == model and r["status"] == "ok"))
+
+    def measured_capacity(self) -> int | None:
+        """The card's total memory as the calibration runs on it saw it, which datasheets round."""
+        totals = [r.get("gpu_memory_total_bytes") or 0 for r in self.records if self._on_this_gpu(r)]
+        return max(totals, default=0) or None
+
+    def _on_this_gpu(self, record: dict) -> bool:
+        try:
+            return find_gpu(str(record.get("gpu_name")), self.catalog) == self.gpu
+        except FtplanError:
+            return False
+
+    def budget(self, safety_margin: float, context_reserve_gib: float) -> MemoryBudget:
+        """Capacity from the user's own spec if given, else as measured, else the catalog's."""
+        shipped = load_catalog().get(self.gpu.name) == self.gpu
+        measured = self.measured_capacity() if shipped else None
+        return MemoryBudget(measured or self.gpu.memory_bytes, safety_margin, int(context_reserve_gib * GIB),
+                            "measured by calibration" if measured else ("catalog" if shipped else "your GPU specs"))
 
 
-def memory_budget(gpu: GpuSpec, safety_margin: float, context_reserve_gib: float) -> MemoryBudget:
-    return MemoryBudget(gpu.memory_bytes, safety_margin, int(context_reserve_gib * GIB))
-
-
-def load_predictor(calibrations: Sequence[Path] = ()):
-    """The real predictor, fitted on the given calibration files or, by default, on the shipped ones."""
+def load_evidence(calibrations: Sequence[Path], gpu_name: str, gpu_specs: Path | None) -> Evidence:
+    """Records from the given files (default: data/calibrations/), the predictor fitted on them, and the GPU."""
     from models.predictor import Predictor  # imported late: `ftplan gpus` and `--help` need no fitting code
-    if not calibrations:
-        return Predictor.default()
-    records = read_records(calibrations)
-    if not records:
-        raise FtplanError(f"no valid calibration records in {', '.join(map(str, calibrations))}")
-    return Predictor.from_records(records)
+
+    catalog = load_catalog(gpu_specs)
+    gpu = find_gpu(gpu_name, catalog)
+    if calibrations:
+        records = read_records(calibrations)
+        if not records:
+            raise FtplanError(f"no valid calibration records in {', '.join(map(str, calibrations))}")
+    else:
+        folder = calibrations_dir()
+        records = read_records([folder]) if folder.is_dir() else []
+    return Evidence(records, Predictor.from_records(records, gpu_catalog=catalog), gpu, catalog)

@@ -33,7 +33,7 @@ def eta_to_dict(eta: Eta) -> dict:
 
 
 def setup_to_dict(setup: SetupPlan) -> dict:
-    return {"label": setup.setting.label(), "training": setup.training, "setting": setup.setting.to_dict(),
+    return {"label": setup.label, "training": setup.training, "setting": setup.setting.to_dict(),
             "fits": setup.fits, "largest_safe_batch": setup.batch,
             "prediction": prediction_to_dict(setup.best or setup.at_batch_one),
             "eta": eta_to_dict(setup.eta) if setup.eta else None}
@@ -73,7 +73,7 @@ def plan_table(plan: Plan) -> Table:
     rec = plan.recommended
     for rank, setup in enumerate(plan.ranked, start=1):
         best, eta = setup.best, setup.eta
-        table.add_row(str(rank), setup.setting.label(), str(setup.batch),
+        table.add_row(str(rank), setup.label, str(setup.batch),
                       f"{best.peak_reserved.mean / GIB:.1f} ({best.peak_reserved.upper / GIB:.1f})",
                       f"{eta.seconds_per_step:.2f}", f"{eta.steps:,}", format_duration(eta.total_seconds),
                       _cost(eta), f"[{SOURCE_STYLE.get(best.source, '')}]{best.source}[/]",
@@ -91,13 +91,13 @@ def print_plan(plan: Plan, console: Console) -> None:
                       f"{plan.request.base.world_size} GPU(s).")
     if plan.too_slow:
         console.print(f"Over --max-hours {plan.request.max_hours:g}: " + "; ".join(
-            f"{s.setting.label()} ({format_duration(s.eta.total_seconds)})" for s in plan.too_slow))
+            f"{s.label} ({format_duration(s.eta.total_seconds)})" for s in plan.too_slow))
     if plan.unfit:
         console.print("Cannot fit even at batch 1: " + "; ".join(
-            f"{s.setting.label()} (needs {s.at_batch_one.peak_reserved.upper / GIB:.1f} GiB)" for s in plan.unfit))
+            f"{s.label} (needs {s.at_batch_one.peak_reserved.upper / GIB:.1f} GiB)" for s in plan.unfit))
     rec = plan.recommended
     if rec is not None:
-        console.print(f"\n[bold]Recommendation: {rec.setting.label()}, batch {rec.batch} per GPU, "
+        console.print(f"\n[bold]Recommendation: {rec.label}, batch {rec.batch} per GPU, "
                       f"ETA {format_duration(rec.eta.total_seconds)}[/]")
         for reason in advice.reasons(plan):
             console.print(f"  • {reason}")

@@ -1,10 +1,11 @@
 """Enumerate setups, find each one's largest safe micro-batch, and rank them by time or cost.
 
-"Safe" has one definition here: the predictor's *upper* bound on per-GPU peak reserved memory stays
-within the usable memory (capacity minus a safety margin and a CUDA-context reserve, which torch's
-reserved bytes do not include), and the batch stays below any batch observed at the allocator wall
-or out of memory. Memory grows with batch, so a doubling-then-bisection search needs about
-2·log2(batch) predictions per setup, which keeps a whole plan well under a second.
+"Safe" is the definition of models/fit.py's largest_safe_batch, which the accuracy benchmark scores:
+the predictor's *upper* bound on per-GPU peak reserved memory stays within capacity·(1 − margin),
+and the batch stays below any batch observed at the allocator wall or out of memory. A fixed
+CUDA-context reserve (torch's reserved bytes omit the context) can be taken off on top; it is 0 by
+default, so the default budget is exactly the benchmark's. Memory grows with batch, so a
+doubling-then-bisection search needs about 2·log2(batch) predictions per setup.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Protocol
 
 from calibration.settings import Setting
 from models.errors import FtplanError
+from models.fit import MAX_BATCH, SAFETY_MARGIN
 from models.hardware import GIB, GpuSpec
 from models.prediction import Prediction
 from planner.eta import Eta, estimate_eta
@@ -23,9 +25,9 @@ from planner.eta import Eta, estimate_eta
 TRAINING_KINDS = ("any", "full", "lora")
 RANK_BY = ("time", "cost")
 DEFAULT_LORA_RANKS = (16, 64)
-DEFAULT_SAFETY_MARGIN = 0.05
-DEFAULT_CONTEXT_RESERVE_GIB = 1.0
-MAX_SEARCH_BATCH = 4096
+DEFAULT_SAFETY_MARGIN = SAFETY_MARGIN
+DEFAULT_CONTEXT_RESERVE_GIB = 0.0
+MAX_SEARCH_BATCH = MAX_BATCH
 
 
 class Predictor(Protocol):
@@ -39,6 +41,7 @@ class MemoryBudget:
     capacity_bytes: int
     safety_margin: float = DEFAULT_SAFETY_MARGIN
     context_reserve_bytes: int = int(DEFAULT_CONTEXT_RESERVE_GIB * GIB)
+    capacity_source: str = "catalog"
 
     def __post_init__(self) -> None:
         if not 0 <= self.safety_margin < 1:
@@ -53,8 +56,12 @@ class MemoryBudget:
         return int(self.capacity_bytes * (1 - self.safety_margin) - self.context_reserve_bytes)
 
     def describe(self) -> str:
-        return (f"usable {self.usable_bytes / GIB:.1f} GiB = {self.capacity_bytes / GIB:.1f} GiB × "
-                f"(1 − {self.safety_margin:.0%} safety margin) − {self.context_reserve_bytes / GIB:g} GiB CUDA context")
+        text = (f"usable {self.usable_bytes / GIB:.1f} GiB = {self.capacity_bytes / GIB:.1f} GiB "
+                f"({self.capacity_source}) × "
+                f"(1 − {self.safety_margin:.0%} safety margin)")
+        if self.context_reserve_bytes:
+            text += f" − {self.context_reserve_bytes / GIB:g} GiB CUDA-context reserve"
+        return text
 
 
 def is_safe(prediction: Prediction, budget: MemoryBudget) -> bool:
@@ -127,6 +134,15 @@ class SetupPlan:
     @property
     def training(self) -> str:
         return "lora" if self.setting.lora_rank else "full"
+
+    @property
+    def label(self) -> str:
+        """The setting's label, plus what it omits when it differs from the defaults (calibrated extras)."""
+        default = Setting(model=self.setting.model)
+        extras = [self.setting.precision] if self.setting.precision != default.precision else []
+        extras += [self.setting.optimizer] if self.setting.optimizer != default.optimizer else []
+        extras += [self.setting.alloc_conf.replace(":True", "")] if self.setting.alloc_conf else []
+        return " ".join([self.setting.label(), *extras])
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,7 @@ from rich.console import Console
 from calibration.settings import Setting
 from models.architecture import load_architecture
 from models.errors import FtplanError
-from planner.inputs import (budget_options, calibrations_option, gpu_options, load_predictor, memory_budget,
-                            resolve_gpu)
+from planner.inputs import budget_options, calibrations_option, gpu_options, load_evidence
 from planner.render import plan_to_dict, print_plan
 from planner.search import DEFAULT_LORA_RANKS, PlanRequest, make_plan
 
@@ -54,14 +53,13 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
             calibrations: tuple[Path, ...], as_json: bool, emit: Path | None) -> None:
     """Which setup finishes fastest (or cheapest) on this GPU, with its largest safe batch, ETA and cost."""
     load_architecture(model)  # an unknown model fails here, with close names, before any fitting
-    gpu = resolve_gpu(gpu_name, gpu_specs)
-    request = PlanRequest(base=Setting(model=model, seq_len=seq_len,
-                                       gpus=gpus, nodes=nodes),
-                          dataset_size=dataset_size, epochs=epochs, gpu=gpu,
-                          budget=memory_budget(gpu, safety_margin, context_reserve_gib),
+    base = Setting(model=model, seq_len=seq_len, gpus=gpus, nodes=nodes)
+    evidence = load_evidence(calibrations, gpu_name, gpu_specs)
+    request = PlanRequest(base=base, dataset_size=dataset_size, epochs=epochs, gpu=evidence.gpu,
+                          budget=evidence.budget(safety_margin, context_reserve_gib),
                           price_per_gpu_hour=price_per_hour, max_hours=max_hours, by=by, training=training,
                           lora_ranks=lora_ranks)
-    plan = make_plan(load_predictor(calibrations), request)
+    plan = make_plan(evidence.predictor, request, evidence.calibrated_settings(model))
     if as_json:
         click.echo(json.dumps(plan_to_dict(plan), indent=2))
     else:
