@@ -1,0 +1,32 @@
+"""Steps, time and cost of a whole run."""
+
+import pytest
+
+from models.errors import FtplanError
+from planner.eta import estimate_eta, format_duration, steps_to_finish
+
+
+def test_steps_round_up_so_the_last_partial_batch_is_counted():
+    assert steps_to_finish(19692, 1, 8, 1) == 2462  # 19692 / 8 = 2461.5
+    assert steps_to_finish(19692, 3, 4, 8) == 1847  # 59076 / 32 = 1846.1
+
+
+def test_time_is_steps_times_seconds_and_cost_bills_every_gpu():
+    eta = estimate_eta(2.0, 1000, 1, 10, 4, price_per_gpu_hour=3.0)
+    assert eta.steps == 25 and eta.total_seconds == 50
+    assert eta.cost == pytest.approx(50 / 3600 * 3.0 * 4)
+
+
+def test_no_price_means_no_cost():
+    assert estimate_eta(1.0, 10, 1, 1, 1).cost is None
+
+
+@pytest.mark.parametrize("seconds, text", [(0, "0:00"), (1, "0:01"), (3599, "1:00"), (3601, "1:01"), (90000, "25:00")])
+def test_duration_is_hours_and_minutes_rounded_up(seconds, text):
+    assert format_duration(seconds) == text
+
+
+@pytest.mark.parametrize("args", [(0, 1, 1, 1), (10, 0, 1, 1), (10, 1, 0, 1), (10, 1, 1, 0)])
+def test_non_positive_inputs_are_refused(args):
+    with pytest.raises(FtplanError, match="must be positive"):
+        steps_to_finish(*args)
