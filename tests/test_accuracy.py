@@ -1,0 +1,39 @@
+"""benchmarks/accuracy.py: the held-out accuracy contract, on the public measurements."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.accuracy import evaluate  # noqa: E402
+from benchmarks.external import DEFAULT_DIR, load_external  # noqa: E402
+
+KEYS = ("memory_median_abs_pct_error", "memory_max_abs_pct_error", "time_median_abs_pct_error",
+        "time_max_abs_pct_error", "max_batch_exact_fraction", "max_batch_unsafe_count",
+        "reserved_memory_median_abs_pct_error", "reserved_memory_max_abs_pct_error")
+
+
+@pytest.mark.skipif(not DEFAULT_DIR.is_dir(), reason="public measurements not present")
+def test_three_point_fits_predict_public_large_batches_within_a_few_percent():
+    result = evaluate(load_external())
+    assert result["test_points"] == 21  # three settings with five or more ok batch sizes
+    assert result["memory_median_abs_pct_error"] < 1.5 and result["memory_max_abs_pct_error"] < 4
+    assert result["time_median_abs_pct_error"] < 2
+    assert result["max_batch_unsafe_count"] == 0
+
+
+def test_json_output_has_the_contract_keys_and_keeps_sources_apart(tmp_path):
+    completed = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "accuracy.py"), "--json",
+                                "--data", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    result = json.loads(completed.stdout)
+    assert all(key in result for key in KEYS)
+    assert result["test_points"] == 0  # no own records given; the public ones never leak in
+    if DEFAULT_DIR.is_dir():
+        assert result["external"]["test_points"] > 0

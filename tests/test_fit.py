@@ -1,0 +1,128 @@
+"""Fits of memory and time against batch: convex curves, the allocator wall, monotone predictions."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from calibration.records import build_record
+from calibration.settings import Setting
+from models.fit import fit_setting, largest_safe_batch
+from models.fitset import fit_records
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.external import DEFAULT_DIR, load_external  # noqa: E402
+
+GIB = 1024**3
+SETTING = Setting(model="qwen2.5-0.5b", seq_len=2048, gradient_checkpointing=True)
+needs_external = pytest.mark.skipif(not DEFAULT_DIR.is_dir(), reason="public measurements not present")
+
+
+def synthetic_records(batches, seq_lens=(2048,), memory=None, seconds=None, setting=SETTING, **extra) -> list[dict]:
+    """Records of a convex, piecewise-linear memory curve (two phases) and linear step time."""
+    memory = memory or (lambda b, s: max(10 * GIB + 0.6 * GIB * b * s / 2048, 9 * GIB + 1.5 * GIB * b * s / 2048))
+    seconds = seconds or (lambda b, s: 0.2 + 0.1 * b * s / 2048)
+    return [build_record(setting.with_(seq_len=s), b, "ok", gpu_name="H200", gpu_memory_total_bytes=141 * GIB,
+                         peak_allocated_bytes=memory(b, s), peak_reserved_bytes=memory(b, s) + GIB,
+                         seconds_per_step=seconds(b, s), num_alloc_retries=0, **extra)
+            for s in seq_lens for b in batches]
+
+
+def external_fit(alloc_conf: str):
+    records = [r for r in load_external() if r["model"] == "llama-3-8b" and r["alloc_conf"] == alloc_conf]
+    return fit_setting(records)
+
+
+def test_large_batches_follow_the_steeper_phase_not_the_line_through_small_ones():
+    fit = fit_setting(synthetic_records([1, 2, 3]))
+    truth = synthetic_records([16])[0]["peak_allocated_bytes"]
+    assert fit.peak_allocated(16, 2048).mean == pytest.approx(truth, rel=0.005)
+
+
+def test_concave_noise_in_three_points_gives_one_line():
+    fit = fit_setting(synthetic_records([1, 2, 3], memory=lambda b, s: [0, 10, 14, 17][b] * GIB))
+    assert len(fit.allocated.lines) == 1
+
+
+@needs_external
+def test_expandable_segments_wall_found_where_memory_stalls_and_time_jumps():
+    fit = external_fit("expandable_segments:True")
+    assert fit.wall_batches(2048) == [14]
+    assert fit.n_points == 13  # the wall point is kept out of the line
+    assert fit.largest_ok_batch(2048) == 14
+    assert largest_safe_batch(fit, 2048, fit.capacity_bytes) < 14
+
+
+@needs_external
+def test_first_oom_bounds_the_safe_batch_of_public_8b_run():
+    fit = external_fit("")
+    assert fit.smallest_oom_batch(2048) == 13 and fit.wall_batches(2048) == []
+    assert largest_safe_batch(fit, 2048, 10 * fit.capacity_bytes) == 12  # a bigger card does not hide the OOM
+    assert 0 < largest_safe_batch(fit, 2048, fit.capacity_bytes) <= 12
+
+
+@needs_external
+def test_public_8b_fit_explains_memory_and_time():
+    fit = external_fit("")
+    assert fit.r2["memory"] > 0.99 and fit.r2["time"] > 0.99
+
+
+def test_allocator_retries_mark_the_top_batch_as_wall():
+    records = synthetic_records([1, 2, 3, 4, 5])
+    records[-1]["num_alloc_retries"] = 3
+    assert fit_setting(records).wall_batches(2048) == [5]
+
+
+def test_slow_step_in_the_middle_of_the_ladder_is_not_a_wall():
+    records = synthetic_records([1, 2, 3, 4, 5, 6])
+    records[3]["seconds_per_step"] *= 2
+    assert fit_setting(records).wall_batches(2048) == []
+
+
+def test_setting_with_one_batch_size_is_skipped_with_a_warning():
+    with pytest.warns(UserWarning, match="fewer than two healthy batch sizes"):
+        assert fit_records(synthetic_records([4])).fits == ()
+
+
+def test_sequence_lengths_generalise_to_an_uncalibrated_one():
+    quadratic = lambda b, s: 8 * GIB + 0.5 * GIB * b * s / 2048 + 0.2 * GIB * b * (s / 2048) ** 2  # noqa: E731
+    fits = fit_records(synthetic_records([1, 2, 4, 8], seq_lens=(512, 1024, 2048), memory=quadratic))
+    fit = fits.lookup(SETTING.with_(seq_len=1536), "H200")
+    assert fit.peak_allocated(6, 1536).mean == pytest.approx(quadratic(6, 1536), rel=0.02)
+
+
+def test_one_sequence_length_does_not_claim_another():
+    fits = fit_records(synthetic_records([1, 2, 4]))
+    assert fits.lookup(SETTING, "H200") is not None
+    assert fits.lookup(SETTING.with_(seq_len=4096), "H200") is None
+    assert fits.lookup(SETTING, "A100-80GB") is None
+
+
+def test_reserved_bound_is_wider_than_allocated_and_above_it():
+    fit = fit_setting(synthetic_records([1, 2, 3, 4, 6, 8]))
+    allocated, reserved = fit.peak_allocated(12, 2048), fit.peak_reserved(12, 2048)
+    assert reserved.mean >= allocated.mean and reserved.upper >= reserved.mean
+    assert reserved.upper - reserved.mean >= allocated.upper - allocated.mean
+
+
+@settings(max_examples=15, deadline=None)
+@given(slopes=st.lists(st.floats(0.01, 3.0), min_size=2, max_size=2),
+       noise=st.lists(st.floats(-0.02, 0.02), min_size=12, max_size=12),
+       batch=st.integers(1, 64), seq=st.integers(256, 4096))
+def test_memory_predictions_never_fall_as_batch_or_sequence_grows(slopes, noise, batch, seq):
+    """Even from noisy, non-convex measurements at several lengths."""
+    def memory(b, s):
+        return GIB * (4 + slopes[0] * b * s / 1024 + slopes[1] * b * (s / 1024) ** 2) * (1 + noise[(b + s) % 12])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit = fit_setting(synthetic_records([1, 2, 3, 5], seq_lens=(512, 1024, 2048), memory=memory))
+    for predict in (fit.peak_allocated, fit.peak_reserved):
+        here = predict(batch, seq)
+        for bigger in (predict(batch + 1, seq), predict(batch, seq + 64)):
+            assert bigger.mean >= here.mean - 1e-3 and bigger.upper >= here.upper - 1e-3
