@@ -1,0 +1,266 @@
+"""The analytic prior: per-GPU peak memory and step time from the architecture and setting alone.
+
+Memory is the largest of three phase peaks, each built from models/bytes_per_param.py and
+models/activations.py:
+  backward start = resident states + autocast copies + early lm_head gradient + batch·(activations + loss)
+  backward end   = resident states + all gradients
+  optimizer step = resident states + all gradients + step temporaries
+so the curve in batch is convex and piecewise linear. Time is matmul FLOPs over the GPU's bf16
+dense throughput × MFU, plus the optimizer step (GPU: memory-bandwidth bound; offloaded: CPU Adam).
+
+Where calibration records exist, `fit_constants` learns the free constants from them (a scale on
+the static and on the per-sample memory term, the reserved/allocated ratio, MFU and CPU-Adam speed);
+the defaults below are only for when there are none, and each says where it came from.
+"""
+
+from __future__ import annotations
+
+import statistics
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from sklearn.linear_model import LinearRegression
+
+from calibration.settings import Setting
+from models.activations import activations_bytes_per_token, liger_lm_head_grad_bytes, loss_bytes_per_token
+from models.architecture import Architecture, load_architecture
+from models.bytes_per_param import frozen_param_bytes, trainable_param_bytes
+from models.errors import FtplanError
+from models.hardware import GpuSpec, find_gpu
+
+# Defaults, used only when no calibration record is available. Each is the median over the public
+# measurements in ../shared/external/seed000 (gpjt/fine-tune-2024-04: Qwen1.5-0.5B on an RTX 3090,
+# Llama-3-8B on 8×A100, HF Trainer + DeepSpeed ZeRO-2/3), as re-derived by benchmarks/prior_accuracy.py.
+DEFAULT_MFU = 0.40
+DEFAULT_FRAGMENTATION = 1.18
+DEFAULT_CPU_ADAM_SECONDS_PER_PARAM = 9.5e-10
+# Relative prediction-interval half-widths of the uncorrected prior: the leave-one-model-out errors
+# benchmarks/prior_accuracy.py measured on those public measurements, rounded up.
+DEFAULT_MEMORY_MARGIN = 0.20
+DEFAULT_TIME_MARGIN = 0.35
+# AdamW reads weight, gradient and two moments and writes weight and both moments: 7 fp32 arrays.
+ADAM_BYTES_TOUCHED_PER_PARAM = 28
+MIN_RECORDS_TO_FIT = 2
+UPPER_QUANTILE = 0.95
+
+
+@dataclass(frozen=True)
+class MemoryTerms:
+    """Per-GPU bytes of each phase; only the backward-start phase grows with the batch."""
+
+    backward_start_static: float
+    per_sample: float
+    backward_end: float
+    optimizer_step: float
+
+    def peak(self, batch: int, static_scale: float = 1.0, sample_scale: float = 1.0) -> float:
+        return max(static_scale * self.backward_start_static + sample_scale * self.per_sample * batch,
+                   static_scale * self.backward_end, static_scale * self.optimizer_step)
+
+    def features(self, batch: int) -> tuple[float, float]:
+        """(static, per-sample·batch) bytes of the phase that governs at this batch, for fitting scales."""
+        if self.backward_start_static + self.per_sample * batch >= max(self.backward_end, self.optimizer_step):
+            return self.backward_start_static, self.per_sample * batch
+        return max(self.backward_end, self.optimizer_step), 0.0
+
+
+def memory_terms(arch: Architecture, setting: Setting) -> MemoryTerms:
+    """The phase terms of the per-GPU peak for one setting (see the module docstring)."""
+    trainable = arch.trainable_params(setting.lora_rank, setting.lora_targets)
+    frozen = arch.params_total if setting.lora_rank else 0
+    tb, fb = trainable_param_bytes(setting), frozen_param_bytes(setting)
+    resident = trainable * tb.resident + frozen * fb.resident
+    matmul_params = arch.layers * arch.params_per_layer() + arch.vocab * arch.hidden
+    copies = matmul_params * tb.autocast_copies
+    early_grad = 0 if setting.lora_rank else arch.vocab * arch.hidden * tb.gradients
+    gathered = 0.0
+    if setting.zero_stage == 3:
+        gathered = (arch.vocab * arch.hidden + arch.params_per_layer()) * tb.weights * (setting.world_size - 1)
+    per_token = activations_bytes_per_token(arch, setting) + loss_bytes_per_token(arch, setting)
+    gradients = trainable * tb.gradients
+    return MemoryTerms(
+        backward_start_static=resident + copies + early_grad + gathered + liger_lm_head_grad_bytes(arch, setting),
+        per_sample=per_token * setting.seq_len,
+        backward_end=resident + gradients,
+        optimizer_step=resident + gradients + trainable * tb.step_temporaries,
+    )
+
+
+def step_flops(arch: Architecture, setting: Setting, batch: int) -> float:
+    """Matmul FLOPs of one step on one GPU: 2·params·tokens forward, as much again for activation
+    gradients and (full fine-tuning only) for weight gradients, +1 forward when checkpointing: 6·P·T,
+    8·P·T with checkpointing, 4·P·T for LoRA. Causal flash attention adds 2·seq·q_width per token per
+    layer forward (half of the full square) and twice that backward."""
+    return batch * setting_terms(arch, setting).flops_per_sample
+
+
+def _flops_per_sample(arch: Architecture, setting: Setting) -> float:
+    matmul_params = arch.layers * arch.params_per_layer() + arch.vocab * arch.hidden
+    forward = 2 * matmul_params * setting.seq_len
+    attention_forward = 2 * setting.seq_len * arch.heads * arch.head_dim * arch.layers * setting.seq_len
+    weight_grads = 0 if setting.lora_rank else forward
+    recompute = forward + attention_forward if setting.gradient_checkpointing else 0
+    return 2 * forward + weight_grads + 3 * attention_forward + recompute
+
+
+def optimizer_seconds(arch: Architecture, setting: Setting, gpu: GpuSpec, cpu_adam_seconds_per_param: float) -> float:
+    """One optimizer step over this rank's partition: bandwidth-bound on the GPU, CPU Adam when offloaded."""
+    partition = setting_terms(arch, setting).optimizer_params
+    if setting.offload_optimizer:
+        return partition * cpu_adam_seconds_per_param
+    return partition * ADAM_BYTES_TOUCHED_PER_PARAM / (gpu.memory_bandwidth_gbs * 1e9)
+
+
+@dataclass(frozen=True)
+class SettingTerms:
+    """Everything of the prior that depends only on architecture and setting, computed once per setting."""
+
+    memory: MemoryTerms
+    flops_per_sample: float
+    optimizer_params: float  # trainable parameters this rank's optimizer updates
+
+
+_TERMS: dict[tuple[str, str, Setting], SettingTerms] = {}
+
+
+def setting_terms(arch: Architecture, setting: Setting) -> SettingTerms:
+    key = (arch.id, arch.hash, setting)
+    if key not in _TERMS:
+        trainable = arch.trainable_params(setting.lora_rank, setting.lora_targets)
+        _TERMS[key] = SettingTerms(memory_terms(arch, setting), _flops_per_sample(arch, setting),
+                                   trainable / setting.world_size if setting.uses_deepspeed else trainable)
+    return _TERMS[key]
+
+
+@dataclass(frozen=True)
+class PriorConstants:
+    """The prior's free constants; `scope` says which calibrations they were learned from."""
+
+    static_scale: float = 1.0
+    sample_scale: float = 1.0
+    fragmentation: float = DEFAULT_FRAGMENTATION
+    mfu: float = DEFAULT_MFU
+    cpu_adam_seconds_per_param: float = DEFAULT_CPU_ADAM_SECONDS_PER_PARAM
+    memory_margin: float = DEFAULT_MEMORY_MARGIN
+    reserved_margin: float = DEFAULT_MEMORY_MARGIN
+    time_margin: float = DEFAULT_TIME_MARGIN
+    scope: str = "documented defaults (no calibration)"
+    n_records: int = 0
+
+
+@dataclass(frozen=True)
+class PriorEstimate:
+    """Mean per-GPU bytes and seconds of the prior, with relative margins for the upper bounds."""
+
+    peak_allocated: float
+    peak_reserved: float
+    seconds_per_step: float
+    compute_seconds: float
+    optimizer_seconds: float
+
+
+def prior_estimate(arch: Architecture, setting: Setting, batch: int, gpu: GpuSpec,
+                   constants: PriorConstants = PriorConstants()) -> PriorEstimate:
+    """The corrected prior for one case; no communication time (the caller adds it for world_size > 1)."""
+    allocated = setting_terms(arch, setting).memory.peak(batch, constants.static_scale, constants.sample_scale)
+    compute = step_flops(arch, setting, batch) / (gpu.bf16_dense_tflops * 1e12 * constants.mfu)
+    optimizer = optimizer_seconds(arch, setting, gpu, constants.cpu_adam_seconds_per_param)
+    return PriorEstimate(allocated, allocated * constants.fragmentation, compute + optimizer, compute, optimizer)
+
+
+@lru_cache(maxsize=64)
+def cached_architecture(model: str) -> Architecture:
+    return load_architecture(model)
+
+
+@dataclass(frozen=True)
+class _Observation:
+    arch: Architecture
+    setting: Setting
+    batch: int
+    gpu: GpuSpec
+    allocated: float
+    reserved: float | None
+    seconds: float | None
+
+
+def _observations(records: Iterable[dict], catalog: dict[str, GpuSpec] | None) -> list[_Observation]:
+    """Usable GPU measurements: ok, on CUDA, a known architecture and GPU, a measured peak."""
+    found, gpus = [], {}
+    for record in records:
+        if record.get("status") != "ok" or record.get("device", "cuda") != "cuda" or not record.get("peak_allocated_bytes"):
+            continue
+        try:
+            observation = _Observation(
+                arch=cached_architecture(record["model"]), setting=Setting.from_dict(record),
+                batch=int(record["micro_batch"]), gpu=gpus.get(record.get("gpu_name")) or find_gpu(str(record.get("gpu_name", "")), catalog),
+                allocated=float(record["peak_allocated_bytes"]), reserved=record.get("peak_reserved_bytes"),
+                seconds=record.get("seconds_per_step"))
+        except (FtplanError, KeyError, TypeError, ValueError) as exc:
+            warnings.warn(f"{record.get('_source', 'record')}: not used by the prior ({exc})", stacklevel=2)
+            continue
+        gpus[record.get("gpu_name")] = observation.gpu
+        found.append(observation)
+    return found
+
+
+def fit_constants(records: Iterable[dict], catalog: dict[str, GpuSpec] | None = None, scope: str = "calibrations") -> PriorConstants:
+    """Learn the prior's constants from calibration records; defaults where too few records inform one."""
+    observations = _observations(records, catalog)
+    if len(observations) < MIN_RECORDS_TO_FIT:
+        return PriorConstants()
+    terms = [setting_terms(o.arch, o.setting).memory for o in observations]
+    features = np.array([t.features(o.batch) for t, o in zip(terms, observations)])
+    measured = np.array([o.allocated for o in observations])
+    static_scale, sample_scale = _memory_scales(features, measured)
+    predicted = np.array([t.peak(o.batch, static_scale, sample_scale) for t, o in zip(terms, observations)])
+    memory_margin = _upper_margin(measured / predicted - 1, DEFAULT_MEMORY_MARGIN)
+
+    has_reserved = np.array([bool(o.reserved) for o in observations])
+    reserved = np.array([float(o.reserved or 0) for o in observations])[has_reserved]
+    fragmentation = float(np.median(reserved / measured[has_reserved])) if has_reserved.any() else DEFAULT_FRAGMENTATION
+    reserved_margin = _upper_margin(reserved / (predicted[has_reserved] * fragmentation) - 1, DEFAULT_MEMORY_MARGIN)
+
+    mfu, cpu_adam, time_margin = _time_constants([o for o in observations if o.seconds])
+    return PriorConstants(static_scale, sample_scale, fragmentation, mfu, cpu_adam,
+                          memory_margin, reserved_margin, time_margin, scope, len(observations))
+
+
+def _memory_scales(features: np.ndarray, measured: np.ndarray) -> tuple[float, float]:
+    """Non-negative scales (static, per-sample) minimising the squared error; 1.0 for a term the data cannot see."""
+    if not features[:, 1].any():
+        return float(np.median(measured / features[:, 0])), 1.0
+    model = LinearRegression(fit_intercept=False, positive=True).fit(features, measured)
+    static, sample = (float(c) if c > 0 else 1.0 for c in model.coef_)
+    return static, sample
+
+
+def _time_constants(observations: list[_Observation]) -> tuple[float, float, float]:
+    """MFU from runs whose optimizer runs on the GPU, CPU-Adam speed from offloaded runs, and the time margin."""
+    on_gpu = [o for o in observations if not o.setting.offload_optimizer]
+    mfus = [step_flops(o.arch, o.setting, o.batch) / ((o.seconds - optimizer_seconds(o.arch, o.setting, o.gpu, 0.0))
+                                                      * o.gpu.bf16_dense_tflops * 1e12) for o in on_gpu]
+    mfu = statistics.median(mfus) if mfus else DEFAULT_MFU
+    offloaded = [o for o in observations if o.setting.offload_optimizer]
+    speeds = []
+    for o in offloaded:
+        compute = step_flops(o.arch, o.setting, o.batch) / (o.gpu.bf16_dense_tflops * 1e12 * mfu)
+        if o.seconds > compute:
+            speeds.append((o.seconds - compute) / setting_terms(o.arch, o.setting).optimizer_params)
+    cpu_adam = statistics.median(speeds) if speeds else DEFAULT_CPU_ADAM_SECONDS_PER_PARAM
+    if not observations:
+        return mfu, cpu_adam, DEFAULT_TIME_MARGIN
+    constants = PriorConstants(mfu=mfu, cpu_adam_seconds_per_param=cpu_adam)
+    errors = [o.seconds / prior_estimate(o.arch, o.setting, o.batch, o.gpu, constants).seconds_per_step - 1
+              for o in observations]
+    return mfu, cpu_adam, _upper_margin(np.array(errors), DEFAULT_TIME_MARGIN)
+
+
+def _upper_margin(relative_errors: np.ndarray, default: float) -> float:
+    """Relative half-width covering ~95% of the fitted records' errors; at least the default when few records."""
+    if len(relative_errors) < 10:
+        return max(default, float(np.max(np.abs(relative_errors), initial=0.0)))
+    return float(np.quantile(np.abs(relative_errors), UPPER_QUANTILE))
