@@ -139,14 +139,16 @@ def _run_local_ranks(commands: list[list[str]], logs: list[Path], timeout: float
             with open(log_path, "wb") as log:
                 procs.append(subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                               start_new_session=True, preexec_fn=launcher._die_with_parent))
-        reason, _ = launcher._watch(procs, time.monotonic() + timeout, timeout)
+        reason, stopped = launcher._watch(procs, time.monotonic() + timeout, timeout)
     finally:
         launcher._end_all(procs)
-    failed = [(rank, p.returncode) for rank, p in enumerate(procs) if p.returncode != launcher.EXIT_OK]
+    failed = [rank for rank, p in enumerate(procs) if p.returncode != launcher.EXIT_OK]
     if not failed:
         return ""
-    rank, code = failed[0]
-    return f"{reason or f'local rank {rank} exited with code {code}'}: {launcher._last_line(logs[rank])}"
+    culprit = next((rank for rank in failed if rank not in stopped), None)
+    if culprit is None:  # none failed on its own: the deadline ended them
+        return f"{reason}: {launcher._last_line(logs[failed[0]])}"
+    return f"local rank {culprit} exited with code {procs[culprit].returncode}: {launcher._last_line(logs[culprit])}"
 
 
 def build_network_record(spec: NetworkSpec, table: pd.DataFrame, fit: AlphaBeta, command: str) -> dict:

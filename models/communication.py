@@ -15,7 +15,7 @@ import math
 import re
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
@@ -123,6 +123,23 @@ def parse_bandwidth(text: str) -> float:
     if value <= 0:
         raise FtplanError(f"bandwidth must be positive, got '{text}'")
     return value
+
+
+def calibrated_links(network_records: Iterable[dict], base: Links) -> Links:
+    """base with measured figures in place of nominal ones: the latest NCCL record of several GPUs
+    on one node gives the intra-node link, the latest record of one rank per node over several
+    nodes the inter-node link (loopback gloo runs measure neither and are ignored)."""
+    latest = sorted(network_records, key=lambda r: r.get("timestamp", ""))
+    intra = [r for r in latest if r.get("nodes", 1) == 1 and r["backend"] == "nccl" and r["ranks"] > 1]
+    inter = [r for r in latest if r.get("nodes", 1) > 1 and r.get("ranks_per_node") == 1]
+    if not intra and not inter:
+        return base
+    links = base
+    if intra:
+        links = replace(links, intra_node_gbs=intra[-1]["bandwidth_gbs"], intra_latency_s=intra[-1]["latency_s"])
+    if inter:
+        links = replace(links, inter_node_gbs=inter[-1]["bandwidth_gbs"], inter_latency_s=inter[-1]["latency_s"])
+    return replace(links, source="calibrated")
 
 
 @dataclass(frozen=True)

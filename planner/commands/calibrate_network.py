@@ -36,7 +36,8 @@ def _local_devices(backend: str, ranks: int) -> tuple[str, int]:
 @click.option("--backend", type=click.Choice(["auto", "nccl", "gloo"]), default="auto", show_default=True,
               help="NCCL between GPUs, gloo between CPU processes; auto picks NCCL when GPUs are present.")
 @click.option("--ranks", type=click.IntRange(min=0), default=0,
-              help="Processes on this host.  [default: every GPU with NCCL, else 2]")
+              help="Processes on this host; use 1 per host to measure the network between hosts.  "
+                   "[default: every GPU with NCCL, else 2]")
 @click.option("--sizes", callback=_sizes, default=None,
               help="Comma-separated message sizes, e.g. 4K,1M,64M.  [default: 4K to 256M, x4 steps]")
 @click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True, help="Timed all-reduces per size.")

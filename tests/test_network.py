@@ -1,0 +1,87 @@
+"""ftplan calibrate-network times real all-reduces (gloo over loopback) and records latency and bandwidth."""
+
+import os
+import sys
+import time
+import warnings
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from calibration.network import GB, NetworkSpec, _run_local_ranks, fit_alpha_beta, parse_sizes
+from calibration.records import RecordWarning, append_record, finished_trials, iter_records, read_records
+from models.errors import FtplanError
+from planner.cli import cli, main
+
+
+def test_calibrate_network_measures_real_gloo_allreduces_into_a_network_record(tmp_path):
+    out = tmp_path / "machine.jsonl"
+    result = CliRunner().invoke(cli, ["calibrate-network", "--backend", "gloo", "--ranks", "2", "--sizes", "4K,256K,4M",
+                                      "--repeats", "5", "--warmup", "2", "--timeout", "120", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    (record,) = read_records([out], kind="network")
+    assert record["kind"] == "network" and record["backend"] == "gloo" and record["ranks"] == 2
+    assert record["latency_s"] > 0 and record["bandwidth_gbs"] > 0
+    assert record["sizes_bytes"] == [4096, 262144, 4194304]
+    assert all(s > 0 for s in record["seconds"])
+    assert "GB/s" in result.output
+
+
+def test_trial_readers_skip_network_records_silently(tmp_path):
+    path = tmp_path / "machine.jsonl"
+    append_record(path, {"schema_version": 1, "kind": "network", "backend": "gloo", "ranks": 2,
+                         "latency_s": 1e-5, "bandwidth_gbs": 1.0})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RecordWarning)
+        assert list(iter_records(path)) == [] and finished_trials(path) == set()
+    assert len(list(iter_records(path, kind="network"))) == 1
+
+
+def test_the_alpha_beta_fit_recovers_latency_and_bandwidth_of_an_exact_table():
+    ranks, latency, gbs = 4, 20e-6, 12.0
+    sizes = [4096 * 4**i for i in range(8)]
+    seconds = [2 * (ranks - 1) * latency + 2 * (ranks - 1) / ranks * b / (gbs * GB) for b in sizes]
+    fit = fit_alpha_beta(pd.DataFrame({"bytes": sizes, "seconds": seconds}), ranks)
+    assert fit.latency_s == pytest.approx(latency, rel=1e-6)
+    assert fit.bandwidth_gbs == pytest.approx(gbs, rel=1e-6)
+    assert fit.r2 == pytest.approx(1.0)
+
+
+def test_times_that_shrink_with_size_cannot_be_fitted():
+    table = pd.DataFrame({"bytes": [4096, 4 * 2**20], "seconds": [0.01, 0.001]})
+    with pytest.raises(FtplanError, match="wider range"):
+        fit_alpha_beta(table, 2)
+
+
+def test_message_sizes_read_binary_units():
+    assert parse_sizes("4K, 1M,64MiB,1g,512") == (512, 4096, 2**20, 64 * 2**20, 2**30)
+    with pytest.raises(FtplanError, match="4Q"):
+        parse_sizes("4K,4Q")
+
+
+@pytest.mark.parametrize("kwargs, words", [({"backend": "mpi"}, "backend"), ({"ranks_per_node": 1}, "at least 2 ranks"),
+                                           ({"nodes": 2, "node_rank": 2}, "node rank"), ({"sizes": (4096,)}, "two message sizes")])
+def test_impossible_measurements_are_refused(kwargs, words):
+    with pytest.raises(FtplanError, match=words):
+        NetworkSpec(**kwargs)
+
+
+def test_bad_sizes_are_a_one_line_error_on_the_command_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["calibrate-network", "--backend", "gloo", "--ranks", "2", "--sizes", "4K,lots"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["error: cannot read message size 'lots': give e.g. 4K,1M,64M"]
+
+
+def test_when_one_rank_dies_the_others_are_ended(tmp_path):
+    pid_file = tmp_path / "sleeper.pid"
+    sleeper = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    dier = f"import os, sys, time\nwhile not os.path.exists({str(pid_file)!r}): time.sleep(0.05)\nprint('rank died'); sys.exit(4)"
+    started = time.monotonic()
+    failure = _run_local_ranks([[sys.executable, "-c", sleeper], [sys.executable, "-c", dier]],
+                               [tmp_path / "rank0.log", tmp_path / "rank1.log"], timeout=60)
+    assert time.monotonic() - started < 30
+    assert "rank died" in failure
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)
