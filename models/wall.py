@@ -37,6 +37,8 @@ def reserved_capped(record: dict) -> bool:
 
 
 def _at_wall(point: dict, below: list[dict]) -> bool:
+    if point.get("device") == "cpu":  # no caching allocator there, and CPU step times are too noisy for kinks
+        return False
     if (point.get("num_alloc_retries") or 0) > 0:
         return True
     return _memory_stalled(point, below) or _time_kinked(point, below)

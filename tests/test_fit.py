@@ -126,3 +126,9 @@ def test_memory_predictions_never_fall_as_batch_or_sequence_grows(slopes, noise,
         here = predict(batch, seq)
         for bigger in (predict(batch + 1, seq), predict(batch, seq + 64)):
             assert bigger.mean >= here.mean - 1e-3 and bigger.upper >= here.upper - 1e-3
+
+
+def test_cpu_timing_noise_at_the_top_is_not_an_allocator_wall():
+    records = synthetic_records([1, 2, 3, 4, 5], device="cpu")
+    records[-1]["seconds_per_step"] *= 2
+    assert fit_setting(records).wall_batches(2048) == []
