@@ -25,14 +25,17 @@ def import_seconds() -> tuple[float, bool]:
 def plan_seconds(model: str, gpu: str, calibrations: list[Path], dataset_size: int) -> tuple[float, float, int]:
     """(seconds to load records and fit the predictor, seconds for the whole setup search, setups searched)."""
     from calibration.settings import Setting
+    from models.hardware import find_gpu, load_catalog
     from planner.inputs import load_evidence
     from planner.search import PlanRequest, make_plan
 
     start = time.perf_counter()
-    evidence = load_evidence(calibrations, gpu, None)
+    catalog = load_catalog()
+    card = find_gpu(gpu, catalog)
+    evidence = load_evidence(calibrations, catalog)
     fitted = time.perf_counter()
-    request = PlanRequest(base=Setting(model=model), dataset_size=dataset_size, epochs=1, gpu=evidence.gpu,
-                          budget=evidence.budget(0.05, 0.0))
+    request = PlanRequest(base=Setting(model=model), dataset_size=dataset_size, epochs=1, gpu=card,
+                          budget=evidence.budget(card, 0.05, 0.0))
     plan = make_plan(evidence.predictor, request, evidence.calibrated_settings(model))
     done = time.perf_counter()
     return fitted - start, done - fitted, len(plan.ranked) + len(plan.too_slow) + len(plan.unfit)

@@ -42,11 +42,10 @@ def calibrations_option(command: Callable) -> Callable:
 
 @dataclass(frozen=True)
 class Evidence:
-    """The calibration records a command works from, the predictor fitted on them, and the card."""
+    """The calibration records a command works from, the predictor fitted on them, and the GPU catalog."""
 
     records: list[dict]
     predictor: object
-    gpu: GpuSpec
     catalog: dict[str, GpuSpec]
 
     def calibrated_settings(self, model: str) -> list[Setting]:
@@ -54,31 +53,29 @@ class Evidence:
         return list(dict.fromkeys(Setting.from_dict(r) for r in self.records
                                   if r["model"] == model and r["status"] == "ok"))
 
-    def measured_capacity(self) -> int | None:
+    def card_of(self, record: dict) -> GpuSpec | None:
+        try:
+            return find_gpu(str(record.get("gpu_name")), self.catalog)
+        except FtplanError:
+            return None
+
+    def measured_capacity(self, gpu: GpuSpec) -> int | None:
         """The card's total memory as the calibration runs on it saw it, which datasheets round."""
-        totals = [r.get("gpu_memory_total_bytes") or 0 for r in self.records if self._on_this_gpu(r)]
+        totals = [r.get("gpu_memory_total_bytes") or 0 for r in self.records if self.card_of(r) == gpu]
         return max(totals, default=0) or None
 
-    def _on_this_gpu(self, record: dict) -> bool:
-        try:
-            return find_gpu(str(record.get("gpu_name")), self.catalog) == self.gpu
-        except FtplanError:
-            return False
-
-    def budget(self, safety_margin: float, context_reserve_gib: float) -> MemoryBudget:
+    def budget(self, gpu: GpuSpec, safety_margin: float, context_reserve_gib: float) -> MemoryBudget:
         """Capacity from the user's own spec if given, else as measured, else the catalog's."""
-        shipped = load_catalog().get(self.gpu.name) == self.gpu
-        measured = self.measured_capacity() if shipped else None
-        return MemoryBudget(measured or self.gpu.memory_bytes, safety_margin, int(context_reserve_gib * GIB),
+        shipped = load_catalog().get(gpu.name) == gpu
+        measured = self.measured_capacity(gpu) if shipped else None
+        return MemoryBudget(measured or gpu.memory_bytes, safety_margin, int(context_reserve_gib * GIB),
                             "measured by calibration" if measured else ("catalog" if shipped else "your GPU specs"))
 
 
-def load_evidence(calibrations: Sequence[Path], gpu_name: str, gpu_specs: Path | None) -> Evidence:
-    """Records from the given files (default: data/calibrations/), the predictor fitted on them, and the GPU."""
+def load_evidence(calibrations: Sequence[Path], catalog: dict[str, GpuSpec]) -> Evidence:
+    """Records from the given files (default: data/calibrations/) and the predictor fitted on them."""
     from models.predictor import Predictor  # imported late: `ftplan gpus` and `--help` need no fitting code
 
-    catalog = load_catalog(gpu_specs)
-    gpu = find_gpu(gpu_name, catalog)
     if calibrations:
         records = read_records(calibrations)
         if not records:
@@ -86,4 +83,14 @@ def load_evidence(calibrations: Sequence[Path], gpu_name: str, gpu_specs: Path |
     else:
         folder = calibrations_dir()
         records = read_records([folder]) if folder.is_dir() else []
-    return Evidence(records, Predictor.from_records(records, gpu_catalog=catalog), gpu, catalog)
+    return Evidence(records, Predictor.from_records(records, gpu_catalog=catalog), catalog)
+
+
+def resolve_gpu(name: str, specs: Path | None) -> GpuSpec:
+    """The GPU by name or alias, from the catalog merged with the user's specs file."""
+    return find_gpu(name, load_catalog(specs))
+
+
+def load_predictor(calibrations: Sequence[Path] = (), catalog: dict[str, GpuSpec] | None = None):
+    """The predictor alone, for commands that need no records."""
+    return load_evidence(calibrations, catalog if catalog is not None else load_catalog()).predictor

@@ -11,6 +11,7 @@ from rich.console import Console
 from calibration.settings import Setting
 from models.architecture import load_architecture
 from models.errors import FtplanError
+from models.hardware import find_gpu, load_catalog
 from planner.inputs import budget_options, calibrations_option, gpu_options, load_evidence
 from planner.render import plan_to_dict, print_plan
 from planner.search import DEFAULT_LORA_RANKS, PlanRequest, make_plan
@@ -54,9 +55,11 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
     """Which setup finishes fastest (or cheapest) on this GPU, with its largest safe batch, ETA and cost."""
     load_architecture(model)  # an unknown model fails here, with close names, before any fitting
     base = Setting(model=model, seq_len=seq_len, gpus=gpus, nodes=nodes)
-    evidence = load_evidence(calibrations, gpu_name, gpu_specs)
-    request = PlanRequest(base=base, dataset_size=dataset_size, epochs=epochs, gpu=evidence.gpu,
-                          budget=evidence.budget(safety_margin, context_reserve_gib),
+    catalog = load_catalog(gpu_specs)
+    gpu = find_gpu(gpu_name, catalog)
+    evidence = load_evidence(calibrations, catalog)
+    request = PlanRequest(base=base, dataset_size=dataset_size, epochs=epochs, gpu=gpu,
+                          budget=evidence.budget(gpu, safety_margin, context_reserve_gib),
                           price_per_gpu_hour=price_per_hour, max_hours=max_hours, by=by, training=training,
                           lora_ranks=lora_ranks)
     plan = make_plan(evidence.predictor, request, evidence.calibrated_settings(model))
