@@ -52,6 +52,7 @@ class Predictor:
         self._catalog = gpu_catalog if gpu_catalog is not None else load_catalog()
         self._links = links
         self._fit_gpus = self._canonical_fit_gpus()
+        self._alloc_confs = sorted({str(r.get("alloc_conf", "")) for r in self._records})
         self._constants: dict[str, PriorConstants] = {}
         self._overlaps: dict[Links, float] = {}
         self._catalog_links: dict[str, Links] = {}
@@ -133,6 +134,8 @@ class Predictor:
     def _evidence(self, setting: Setting, gpu: GpuSpec) -> _Evidence | None:
         """The closest calibrated fit: this GPU first, then any GPU; this setting, then its relatives."""
         relatives = [(setting, "")]
+        relatives += [(setting.with_(alloc_conf=conf), f"calibrated with PYTORCH_CUDA_ALLOC_CONF='{conf}'")
+                      for conf in self._alloc_confs if conf != setting.alloc_conf]
         if setting.world_size > 1:
             relatives.append((setting.with_(gpus=1, nodes=1), "memory from the 1-GPU calibration plus the analytic change of partitioned states"))
         for candidate, note in relatives:

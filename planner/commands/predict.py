@@ -1,11 +1,81 @@
-"""`ftplan predict` (placeholder until its issue lands)."""
+"""`ftplan predict`: peak memory per GPU and seconds per step for one setting and batch size.
+
+The JSON keys peak_allocated_gib, peak_reserved_gib and seconds_per_step are a contract other
+tools script against; everything else in the object is extra.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import click
+from rich.console import Console
+from rich.table import Table
 
-from models.errors import FtplanError
+from models.architecture import load_architecture
+from models.hardware import GIB, GpuSpec
+from models.prediction import Prediction
+from planner.commands.options import setting_from_options, setting_options
+from planner.inputs import calibrations_option, load_predictor, resolve_gpu
+
+DEFAULT_GPU = "H200"  # the card the shipped calibrations were measured on
 
 
 @click.command("predict")
-def command() -> None:
-    """Not implemented yet."""
-    raise FtplanError("ftplan predict is not implemented yet")
+@setting_options
+@click.option("--batch-size", type=click.IntRange(min=1), required=True, help="Micro-batch per GPU.")
+@click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True, help="GPU model (see `ftplan gpus`).")
+@click.option("--gpu-specs", type=click.Path(path_type=Path), default=None,
+              help="CSV of GPU specs (columns as in `ftplan gpus`) overriding or extending the catalog.")
+@calibrations_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def command(batch_size: int, gpu_name: str, gpu_specs: Path | None, calibrations: tuple[Path, ...],
+            as_json: bool, **options) -> None:
+    """Predicted peak allocated and reserved memory per GPU and seconds per optimizer step."""
+    setting = setting_from_options(options)
+    load_architecture(setting.model)  # an unknown model fails here, with close names, before any fitting
+    gpu = resolve_gpu(gpu_name, gpu_specs)
+    prediction = load_predictor(calibrations).predict(setting, batch_size, gpu)
+    if as_json:
+        click.echo(json.dumps(prediction_to_dict(prediction, gpu), indent=2))
+    else:
+        print_prediction(prediction, gpu, Console())
+
+
+def prediction_to_dict(prediction: Prediction, gpu: GpuSpec) -> dict:
+    return {
+        "peak_allocated_gib": prediction.peak_allocated.mean / GIB,
+        "peak_reserved_gib": prediction.peak_reserved.mean / GIB,
+        "seconds_per_step": prediction.seconds_per_step.mean,
+        "peak_allocated_upper_gib": prediction.peak_allocated.upper / GIB,
+        "peak_reserved_upper_gib": prediction.peak_reserved.upper / GIB,
+        "seconds_per_step_upper": prediction.seconds_per_step.upper,
+        "fits_in_memory": prediction.peak_reserved.upper <= gpu.memory_bytes
+        and (prediction.wall_batch is None or prediction.micro_batch < prediction.wall_batch),
+        "gpu": gpu.name,
+        "gpu_memory_gib": gpu.memory_gib,
+        "micro_batch": prediction.micro_batch,
+        "setting": prediction.setting.to_dict(),
+        "source": prediction.source,
+        "wall_batch": prediction.wall_batch,
+        "notes": list(prediction.notes),
+    }
+
+
+def print_prediction(prediction: Prediction, gpu: GpuSpec, console: Console) -> None:
+    table = Table("", "predicted", "upper bound", title=f"{prediction.setting.model} {prediction.setting.label()}, "
+                  f"micro-batch {prediction.micro_batch} on {gpu.name} ({gpu.memory_gib:g} GiB)")
+    table.add_row("peak allocated / GPU", f"{prediction.peak_allocated.mean / GIB:.2f} GiB",
+                  f"{prediction.peak_allocated.upper / GIB:.2f} GiB")
+    table.add_row("peak reserved / GPU", f"{prediction.peak_reserved.mean / GIB:.2f} GiB",
+                  f"{prediction.peak_reserved.upper / GIB:.2f} GiB")
+    table.add_row("seconds / step", f"{prediction.seconds_per_step.mean:.3f}", f"{prediction.seconds_per_step.upper:.3f}")
+    console.print(table)
+    console.print(f"source: {prediction.source}")
+    if prediction.wall_batch is not None:
+        console.print(f"allocator wall or OOM observed at micro-batch {prediction.wall_batch}")
+    if prediction.peak_reserved.upper > gpu.memory_bytes:
+        console.print(f"[bold red]may not fit[/]: upper bound of reserved memory exceeds the card's {gpu.memory_gib:g} GiB")
+    for note in prediction.notes:
+        console.print(f"note: {note}")
