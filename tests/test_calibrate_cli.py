@@ -1,0 +1,102 @@
+"""`ftplan calibrate` through click: the ladder, isolation of failing trials, resume, and bad input."""
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from calibration import launcher
+from calibration.records import read_records
+from models.errors import FtplanError
+from planner.cli import cli
+
+FAKE_TRIAL = (sys.executable, str(Path(__file__).parent / "fixtures" / "fake_trial.py"))
+
+
+@pytest.fixture
+def fake_trial(monkeypatch):
+    """Trials run the fake; the returned function sets its behaviour (see tests/fixtures/fake_trial.py)."""
+    monkeypatch.setattr(launcher, "TRIAL_COMMAND", FAKE_TRIAL)
+    return lambda **behaviour: monkeypatch.setenv("FAKE_TRIAL", json.dumps(behaviour))
+
+
+def calibrate(out: Path, *args: str):
+    return CliRunner().invoke(cli, ["calibrate", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "64",
+                                    "--machine", "test-box", "--out", str(out), *args], terminal_width=200)
+
+
+def trials(out: Path) -> list[tuple[int, int, str]]:
+    return [(r["seq_len"], r["micro_batch"], r["status"]) for r in read_records([out])]
+
+
+def test_the_ladder_doubles_to_the_first_oom_then_bisects(fake_trial, tmp_path):
+    fake_trial(oom_above=5)
+    result = calibrate(tmp_path / "c.jsonl", "--max-batch", "64")
+    assert result.exit_code == 0, result.output
+    assert [(b, s) for _, b, s in trials(tmp_path / "c.jsonl")] == [
+        (1, "ok"), (2, "ok"), (4, "ok"), (8, "oom"), (6, "oom"), (5, "ok")]
+    assert "largest fitting batch is 5 (batch 6 ran out of memory)" in result.output
+
+
+def test_records_carry_the_setting_the_measurements_and_their_provenance(fake_trial, tmp_path):
+    fake_trial()
+    calibrate(tmp_path / "c.jsonl", "--batch-sizes", "3", "--gpus", "2", "--lora-rank", "8")
+    (record,) = read_records([tmp_path / "c.jsonl"])
+    assert record["lora_rank"] == 8 and record["gpus"] == record["gpu_count"] == 2
+    assert record["machine_id"] == "test-box" and record["source"] == "calibrate" and record["device"] == "cpu"
+    assert record["peak_allocated_bytes_per_gpu"] == [130_000_000, 131_000_000]
+    assert record["peak_allocated_bytes"] == 131_000_000
+    assert record["step_seconds"] == [0.2, 0.3, 0.2]  # per step, the slower of the two ranks
+    assert record["seconds_per_step"] == 0.2
+    assert record["tokens_per_second"] == pytest.approx(3 * 64 * 2 / 0.2)
+    assert record["command"].startswith("ftplan calibrate --model tiny-llama --device cpu")
+
+
+def test_a_crashing_trial_stops_only_its_own_setting(fake_trial, tmp_path):
+    fake_trial(fail={"rank": 0, "mode": "raise", "batch": 2, "seq_len": 64})
+    result = calibrate(tmp_path / "c.jsonl", "--seq-len", "128", "--max-batch", "4")
+    assert result.exit_code == 0, result.output
+    assert trials(tmp_path / "c.jsonl") == [(64, 1, "ok"), (64, 2, "error"),
+                                            (128, 1, "ok"), (128, 2, "ok"), (128, 4, "ok")]
+    error = read_records([tmp_path / "c.jsonl"])[1]
+    assert error["message"].endswith("RuntimeError: fake rank failure")
+    assert "batch 2 failed with an error (not an OOM)" in result.output
+
+
+def test_rerunning_the_recorded_command_runs_nothing_again_but_retries_errors(fake_trial, tmp_path):
+    out = tmp_path / "c.jsonl"
+    fake_trial(fail={"rank": 0, "mode": "exit", "batch": 4})
+    calibrate(out, "--max-batch", "8")
+    fake_trial()
+    command = read_records([out])[0]["command"]
+    result = CliRunner().invoke(cli, shlex.split(command)[1:])
+    assert result.exit_code == 0, result.output
+    assert [(b, s) for _, b, s in trials(out)] == [(1, "ok"), (2, "ok"), (4, "error"), (4, "ok"), (8, "ok")]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--offload", "on"], "--offload on needs DeepSpeed ZeRO"),
+    (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+    (["--lora-rank", "8", "--lora-targets", "q_proj,nonsense"], "unknown LoRA target module(s) ['nonsense']"),
+    (["--lora-targets", "q_proj"], "--lora-targets needs a --lora-rank above 0"),
+])
+def test_invalid_combinations_are_one_line_errors(fake_trial, tmp_path, args, message):
+    result = calibrate(tmp_path / "c.jsonl", *args)
+    assert isinstance(result.exception, FtplanError)
+    assert message in str(result.exception) and "\n" not in str(result.exception)
+    assert not (tmp_path / "c.jsonl").exists()
+
+
+def test_offload_both_pairs_offload_only_with_zero_stages(fake_trial, tmp_path):
+    fake_trial()
+    calibrate(tmp_path / "c.jsonl", "--offload", "both", "--zero-stage", "0", "--zero-stage", "2", "--batch-sizes", "1")
+    combos = {(r["zero_stage"], r["offload_optimizer"]) for r in read_records([tmp_path / "c.jsonl"])}
+    assert combos == {(0, False), (2, False), (2, True)}
+
+
+def test_bad_batch_sizes_are_rejected_before_anything_runs(fake_trial, tmp_path):
+    result = calibrate(tmp_path / "c.jsonl", "--batch-sizes", "1,two")
+    assert result.exit_code == 2 and "expected comma-separated integers" in result.output
