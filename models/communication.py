@@ -66,15 +66,21 @@ class NetworkLink:
     source: str
 
 
-def load_network_catalog() -> dict[str, NetworkLink]:
+def _network_rows() -> list[dict]:
     path = data_dir() / "networks.csv"
     try:
-        frame = pd.read_csv(path)
+        return pd.read_csv(path).to_dict("records")
     except (OSError, pd.errors.ParserError) as exc:
         raise FtplanError(f"cannot read network catalog {path}: {exc}") from None
-    return {row["name"]: NetworkLink(row["name"], float(row["bandwidth_gbs"]), float(row["latency_us"]) * 1e-6,
-                                     row["description"], row["source"])
-            for row in frame.to_dict("records")}
+
+
+def _link(row: dict) -> NetworkLink:
+    return NetworkLink(row["name"], float(row["bandwidth_gbs"]), float(row["latency_us"]) * 1e-6,
+                       row["description"], row["source"])
+
+
+def load_network_catalog() -> dict[str, NetworkLink]:
+    return {row["name"]: _link(row) for row in _network_rows()}
 
 
 def _normalise(name: str) -> str:
@@ -83,17 +89,17 @@ def _normalise(name: str) -> str:
 
 def find_link(name: str) -> NetworkLink:
     """A catalog link by name or alias ('nvlink4', 'NVLink 4', 'PCIe 4.0 x16', 'cloud')."""
-    catalog = load_network_catalog()
-    frame = pd.read_csv(data_dir() / "networks.csv")
-    aliases = {_normalise(n): n for n in catalog}
-    for row in frame.to_dict("records"):
-        for alias in str(row["aliases"]).split(";"):
-            aliases.setdefault(_normalise(alias), row["name"])
+    rows = _network_rows()
+    by_alias = {}
+    for row in rows:
+        for alias in [row["name"], *str(row["aliases"]).split(";")]:
+            by_alias.setdefault(_normalise(alias), row)
     wanted = _normalise(name)
-    if wanted in aliases:
-        return catalog[aliases[wanted]]
-    close = difflib.get_close_matches(name.lower(), list(catalog), n=3, cutoff=0.4)
-    hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(catalog)}"
+    if wanted in by_alias:
+        return _link(by_alias[wanted])
+    names = [row["name"] for row in rows]
+    close = difflib.get_close_matches(name.lower(), names, n=3, cutoff=0.4)
+    hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(names)}"
     raise FtplanError(f"unknown link '{name}'{hint}")
 
 
