@@ -168,10 +168,10 @@ def run_trial(spec: dict) -> dict:
         "num_alloc_retries": retries,
         "step_seconds": timer.seconds,
         "params_total": arch.params_total,
-        "params_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "params_trainable": sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad),
         "gpu_name": name,
         "gpu_memory_total_bytes": total,
-    }
+    }  # ds_numel: under ZeRO-3 a parameter's local numel() is only its partition
 
 
 def _is_oom(exc: BaseException) -> bool:
