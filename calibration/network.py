@@ -81,6 +81,17 @@ class AlphaBeta:
     r2: float
 
 
+def resolve_backend(backend: str, ranks: int) -> tuple[str, int]:
+    """Resolve 'auto' and ranks=0: NCCL over every local GPU when there are GPUs, else gloo over 2 CPU ranks."""
+    if backend == "gloo" or (backend == "nccl" and ranks):
+        return backend, ranks or 2
+    import torch  # only to count GPUs; the ranks import it anyway
+
+    gpus = torch.cuda.device_count()
+    backend = backend if backend != "auto" else ("nccl" if gpus else "gloo")
+    return backend, ranks or (gpus if backend == "nccl" and gpus >= 2 else 2)
+
+
 def parse_sizes(text: str) -> tuple[int, ...]:
     """Message sizes in bytes from '4K,1M,64M' (binary units; B, KiB and KB all accepted)."""
     sizes = []

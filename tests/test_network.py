@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from calibration.network import GB, NetworkSpec, _run_local_ranks, fit_alpha_beta, parse_sizes
+from calibration.network import GB, NetworkSpec, _run_local_ranks, fit_alpha_beta, parse_sizes, resolve_backend
 from calibration.records import RecordWarning, append_record, finished_trials, iter_records, read_records
 from models.errors import FtplanError
 from planner.cli import cli, main
@@ -85,3 +85,11 @@ def test_when_one_rank_dies_the_others_are_ended(tmp_path):
     assert "rank died" in failure
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid_file.read_text()), 0)
+
+
+def test_auto_backend_falls_back_to_two_gloo_ranks_without_gpus():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has GPUs")
+    assert resolve_backend("auto", 0) == ("gloo", 2)
+    assert resolve_backend("nccl", 4) == ("nccl", 4)

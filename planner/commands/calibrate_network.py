@@ -1,7 +1,6 @@
 """`ftplan calibrate-network`: measure all-reduce latency and bandwidth here, record it like a trial.
 
-A thin layer over calibration.network. torch is imported only by the ranks (and, for
---backend auto, to ask whether there are GPUs).
+A thin layer over calibration.network; torch is imported only there, never here.
 """
 
 from __future__ import annotations
@@ -14,22 +13,11 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from calibration.network import DEFAULT_SIZES, NetworkSpec, calibrate_network, parse_sizes
+from calibration.network import DEFAULT_SIZES, NetworkSpec, calibrate_network, parse_sizes, resolve_backend
 
 
 def _sizes(_ctx, _param, value: str | None) -> tuple[int, ...]:
     return DEFAULT_SIZES if value is None else parse_sizes(value)
-
-
-def _local_devices(backend: str, ranks: int) -> tuple[str, int]:
-    """Resolve 'auto': NCCL over every local GPU when there are GPUs, else gloo over 2 CPU ranks."""
-    if backend != "auto" and ranks:
-        return backend, ranks
-    import torch  # noqa: PLC0415 - only to count GPUs
-
-    gpus = torch.cuda.device_count()
-    backend = backend if backend != "auto" else ("nccl" if gpus else "gloo")
-    return backend, ranks or (gpus if backend == "nccl" and gpus >= 2 else 2)
 
 
 @click.command("calibrate-network")
@@ -58,7 +46,7 @@ def command(backend: str, ranks: int, sizes: tuple[int, ...], repeats: int, warm
 
     The record (kind "network") feeds the planner's communication model in place of catalog links.
     """
-    backend, ranks = _local_devices(backend, ranks)
+    backend, ranks = resolve_backend(backend, ranks)
     spec = NetworkSpec(backend=backend, ranks_per_node=ranks, nodes=nodes, node_rank=node_rank,
                        master_addr=master_addr, master_port=master_port, sizes=sizes, warmup=warmup, repeats=repeats)
     out = out or Path("calibrations") / f"{socket.gethostname()}.jsonl"
