@@ -1,0 +1,130 @@
+"""The analytic prior: bytes per parameter against hand-computed cases, and the physics it must obey."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from calibration.records import build_record
+from calibration.settings import Setting
+from models.architecture import load_architecture
+from models.bytes_per_param import frozen_param_bytes, trainable_param_bytes
+from models.hardware import find_gpu
+from models.prior import PriorConstants, fit_constants, memory_terms, prior_estimate, step_flops
+
+LLAMA_1B = load_architecture("llama-3.2-1b")
+H200 = find_gpu("H200")
+
+
+def _state_bytes(setting: Setting) -> float:
+    b = trainable_param_bytes(setting)
+    return b.weights + b.gradients + b.master_weights + b.optimizer_states
+
+
+def test_trainer_mixed_precision_full_adamw_costs_16_bytes_per_param_without_master_copy():
+    b = trainable_param_bytes(Setting("llama-3.2-1b"))
+    assert (b.weights, b.gradients, b.master_weights, b.optimizer_states) == (4, 4, 0, 8)
+    assert b.autocast_copies == 2  # bf16 copies of the fp32 weights live from forward to backward
+
+
+def test_deepspeed_bf16_keeps_half_weights_and_grads_plus_fp32_master_and_moments():
+    b = trainable_param_bytes(Setting("llama-3.2-1b", zero_stage=1))
+    assert (b.weights, b.gradients, b.master_weights, b.optimizer_states) == (2, 2, 4, 8)
+
+
+@pytest.mark.parametrize("stage, expected", [(1, 2 + 2 + 12 / 8), (2, 2 + (2 + 12) / 8), (3, 16 / 8)])
+def test_zero_stages_partition_optimizer_then_gradients_then_weights(stage, expected):
+    assert _state_bytes(Setting("llama-3.2-1b", zero_stage=stage, gpus=8)) == pytest.approx(expected)
+
+
+def test_offload_moves_master_weights_and_moments_off_the_gpu():
+    b = trainable_param_bytes(Setting("llama-3.2-1b", zero_stage=2, offload_optimizer=True))
+    assert (b.master_weights, b.optimizer_states, b.step_temporaries) == (0, 0, 0)
+    assert _state_bytes(Setting("llama-3.2-1b", zero_stage=2, offload_optimizer=True)) == 4
+
+
+def test_plain_ddp_counts_gradients_twice_for_its_buckets():
+    assert trainable_param_bytes(Setting("llama-3.2-1b", gpus=2)).gradients == 8
+
+
+def test_frozen_lora_base_costs_only_its_storage():
+    b = frozen_param_bytes(Setting("llama-3.2-1b", lora_rank=16))
+    assert (b.gradients, b.master_weights, b.optimizer_states) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("cheaper", [
+    Setting("llama-3.2-1b", lora_rank=16),
+    Setting("llama-3.2-1b", zero_stage=2, offload_optimizer=True),
+])
+def test_lora_and_offload_shrink_model_states(cheaper):
+    full = memory_terms(LLAMA_1B, Setting("llama-3.2-1b"))
+    smaller = memory_terms(LLAMA_1B, cheaper)
+    assert smaller.optimizer_step < full.optimizer_step / 2
+
+
+@pytest.mark.parametrize("change, at_most", [({"liger": True}, 0.5), ({"gradient_checkpointing": True}, 0.6)])
+def test_liger_and_checkpointing_shrink_per_sample_memory(change, at_most):
+    base = Setting("llama-3.2-1b")
+    assert memory_terms(LLAMA_1B, base.with_(**change)).per_sample < at_most * memory_terms(LLAMA_1B, base).per_sample
+
+
+def test_liger_removes_the_logits_that_dominate_checkpointed_samples():
+    checkpointed = Setting("llama-3.2-1b", gradient_checkpointing=True)
+    with_liger = memory_terms(LLAMA_1B, checkpointed.with_(liger=True)).per_sample
+    assert with_liger < memory_terms(LLAMA_1B, checkpointed).per_sample / 3
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_per_gpu_memory_shrinks_as_world_size_grows(stage):
+    peaks = [prior_estimate(LLAMA_1B, Setting("llama-3.2-1b", zero_stage=stage, gpus=n), 4, H200).peak_allocated
+             for n in (1, 2, 8)]
+    assert peaks[0] > peaks[1] > peaks[2]
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=st.integers(1, 64), seq_len=st.integers(64, 8192), zero_stage=st.sampled_from([0, 1, 2, 3]),
+       liger=st.booleans(), gc=st.booleans(), lora=st.sampled_from([0, 16]))
+def test_memory_and_time_never_fall_as_batch_or_length_grow(batch, seq_len, zero_stage, liger, gc, lora):
+    setting = Setting("llama-3.2-1b", seq_len=seq_len, zero_stage=zero_stage, liger=liger,
+                      gradient_checkpointing=gc, lora_rank=lora)
+    here = prior_estimate(LLAMA_1B, setting, batch, H200)
+    for bigger in (prior_estimate(LLAMA_1B, setting, batch + 1, H200),
+                   prior_estimate(LLAMA_1B, setting.with_(seq_len=seq_len + 64), batch, H200)):
+        assert bigger.peak_allocated >= here.peak_allocated
+        assert bigger.peak_reserved >= here.peak_reserved
+        assert bigger.seconds_per_step > here.seconds_per_step
+
+
+def test_full_fine_tuning_costs_one_extra_forward_of_flops_over_lora():
+    full, lora = Setting("llama-3.2-1b"), Setting("llama-3.2-1b", lora_rank=16)
+    matmul_params = LLAMA_1B.layers * LLAMA_1B.params_per_layer() + LLAMA_1B.vocab * LLAMA_1B.hidden
+    extra = step_flops(LLAMA_1B, full, 2) - step_flops(LLAMA_1B, lora, 2)
+    assert extra == 2 * matmul_params * 2 * 2048
+
+
+def _records_from_prior(constants: PriorConstants) -> list[dict]:
+    """Records the prior itself would produce with known constants: a fit must recover them."""
+    records = []
+    for setting in (Setting("llama-3.2-1b"), Setting("llama-3.2-1b", gradient_checkpointing=True),
+                    Setting("qwen2.5-0.5b", zero_stage=2, offload_optimizer=True)):
+        arch = load_architecture(setting.model)
+        for batch in (1, 2, 4, 8):
+            e = prior_estimate(arch, setting, batch, H200, constants)
+            records.append(build_record(setting, batch, "ok", device="cuda", gpu_name="NVIDIA H200",
+                                        peak_allocated_bytes=e.peak_allocated, peak_reserved_bytes=e.peak_reserved,
+                                        seconds_per_step=e.seconds_per_step))
+    return records
+
+
+def test_fit_constants_recovers_the_constants_behind_the_records():
+    truth = PriorConstants(static_scale=1.2, sample_scale=0.9, fragmentation=1.1, mfu=0.3,
+                           cpu_adam_seconds_per_param=2e-9)
+    fitted = fit_constants(_records_from_prior(truth))
+    for name in ("static_scale", "sample_scale", "fragmentation", "mfu", "cpu_adam_seconds_per_param"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=0.02), name
+    assert fitted.n_records == 12
+
+
+def test_without_records_the_documented_defaults_apply():
+    assert fit_constants([]) == PriorConstants()
