@@ -9,7 +9,7 @@ from models.hardware import GIB, GpuSpec
 from models.prediction import Estimate, Prediction
 from planner import advice
 from planner.eta import Eta, format_duration
-from planner.search import Plan, SetupPlan
+from planner.search import MemoryBudget, Plan, SetupPlan
 
 SOURCE_STYLE = {"calibrated": "green", "extrapolated": "yellow", "prior": "red"}
 
@@ -105,15 +105,17 @@ def print_plan(plan: Plan, console: Console) -> None:
         console.print(f"[yellow]warning:[/] {warning}")
 
 
-def eta_lines(prediction: Prediction, eta: Eta, fits: bool, usable_bytes: int) -> list[str]:
+def eta_lines(prediction: Prediction, eta: Eta, fits: bool, budget: MemoryBudget) -> list[str]:
     reserved = prediction.peak_reserved
-    verdict = "fits" if fits else "does NOT fit"
+    verdict = "fits safely" if fits else "NOT safe (upper bound above the usable memory)"
+    if prediction.wall_batch is not None and prediction.micro_batch >= prediction.wall_batch:
+        verdict = f"NOT safe (batch {prediction.wall_batch} was seen at the allocator wall or OOM)"
     lines = [f"steps: {eta.steps:,}",
              f"seconds per step: {eta.seconds_per_step:.2f} (upper {prediction.seconds_per_step.upper:.2f})",
              f"total time: {format_duration(eta.total_seconds)} ({eta.hours:.2f} h)",
              f"cost: {_cost(eta)}" + (" (price per GPU-hour × GPUs)" if eta.cost is not None else ""),
              f"memory: {verdict}: peak reserved {reserved.mean / GIB:.1f} GiB (upper {reserved.upper / GIB:.1f}) "
-             f"vs {usable_bytes / GIB:.1f} GiB usable",
+             f"vs {budget.describe()}",
              f"source: {prediction.source}"]
     return lines + [f"note: {note}" for note in prediction.notes]
 

@@ -37,3 +37,34 @@ class FakePredictor:
                           peak_reserved=Estimate(memory, memory * self.upper_factor),
                           seconds_per_step=Estimate(seconds, seconds * 1.1), source=self.source,
                           wall_batch=self.wall_batch)
+
+
+def write_external_jsonl(path):
+    """The public measurements (../shared/external) as a calibration file; skips the test where they are absent."""
+    import json
+
+    import pytest
+
+    from benchmarks.external import load_external
+
+    records = load_external()
+    if not records:
+        pytest.skip("public measurements (../shared/external/seed000) not present")
+    path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "_source"}) + "\n" for r in records))
+    return path
+
+
+def run_ftplan(args, capsys, monkeypatch):
+    """Run the real entry point in-process: (exit code, stdout, stderr), as a user's shell would see them."""
+    import warnings
+
+    from planner.cli import main
+
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main() replaces it; restore afterwards
+    try:
+        main(list(map(str, args)))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

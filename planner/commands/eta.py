@@ -1,11 +1,55 @@
-"""`ftplan eta` (placeholder until its issue lands)."""
+"""`ftplan eta`: steps, time to completion, cost and the memory verdict for one fully specified run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import click
 
-from models.errors import FtplanError
+from models.hardware import find_gpu, load_catalog
+from planner.commands.options import setting_from_options, setting_options
+from planner.eta import estimate_eta
+from planner.inputs import budget_options, calibrations_option, gpu_options, load_evidence
+from planner.render import eta_lines, eta_to_dict, prediction_to_dict
+from planner.search import is_safe
 
 
 @click.command("eta")
-def command() -> None:
-    """Not implemented yet."""
-    raise FtplanError("ftplan eta is not implemented yet")
+@setting_options
+@click.option("--batch-size", type=int, required=True, help="Micro-batch per GPU.")
+@click.option("--dataset-size", type=int, required=True, help="Training samples per epoch.")
+@click.option("--epochs", type=float, default=1.0, show_default=True)
+@click.option("--price-per-hour", type=float, default=None, help="Price per GPU-hour; cost = hours × price × GPUs.")
+@gpu_options
+@budget_options
+@calibrations_option
+@click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON.")
+def command(batch_size: int, dataset_size: int, epochs: float, price_per_hour: float | None, gpu_name: str,
+            gpu_specs: Path | None, safety_margin: float, context_reserve_gib: float, calibrations: tuple[Path, ...],
+            as_json: bool, **options) -> None:
+    """How long one configuration takes to finish, what it costs, and whether it fits in memory."""
+    from models.errors import FtplanError
+
+    setting = setting_from_options(options)
+    if batch_size <= 0:
+        raise FtplanError(f"batch size must be positive, got {batch_size}")
+    if price_per_hour is not None and price_per_hour <= 0:
+        raise FtplanError(f"price per hour must be positive, got {price_per_hour}")
+    catalog = load_catalog(gpu_specs)
+    gpu = find_gpu(gpu_name, catalog)
+    evidence = load_evidence(calibrations, catalog)
+    budget = evidence.budget(gpu, safety_margin, context_reserve_gib)
+    prediction = evidence.predictor.predict(setting, batch_size, gpu)
+    eta = estimate_eta(prediction.seconds_per_step.mean, dataset_size, epochs, batch_size, setting.world_size,
+                       price_per_hour)
+    fits = is_safe(prediction, budget)
+    if as_json:
+        click.echo(json.dumps({"setting": setting.to_dict(), "gpu": gpu.name, "fits": fits,
+                               "usable_gib": budget.usable_bytes / (1 << 30), "eta": eta_to_dict(eta),
+                               "prediction": prediction_to_dict(prediction)}, indent=2))
+        return
+    click.echo(f"{setting.label()} on {setting.world_size} x {gpu.name}, batch {batch_size} per GPU, "
+               f"{dataset_size:,} samples x {epochs:g} epochs")
+    for line in eta_lines(prediction, eta, fits, budget):
+        click.echo(f"  {line}")

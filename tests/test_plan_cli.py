@@ -1,0 +1,92 @@
+"""`ftplan plan` end to end, on the public measurements fitted by the real Predictor."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from plan_fakes import run_ftplan, write_external_jsonl
+
+QWEN_ON_3090 = ["plan", "--model", "qwen1.5-0.5b", "--dataset-size", 19692, "--gpu", "RTX-3090"]
+
+
+@pytest.fixture(scope="module")
+def external(tmp_path_factory):
+    return write_external_jsonl(tmp_path_factory.mktemp("calibrations") / "external.jsonl")
+
+
+def _plan_json(args, external, capsys, monkeypatch) -> dict:
+    code, out, err = run_ftplan([*args, "--calibrations", external, "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_plan_table_ranks_setups_and_explains_the_recommendation(external, capsys, monkeypatch):
+    code, out, err = run_ftplan([*QWEN_ON_3090, "--calibrations", external, "--price-per-hour", 0.3],
+                                capsys, monkeypatch)
+    assert code == 0, err
+    assert "Recommendation:" in out and "optimizer offload" in out and "Liger" in out
+    assert "22.8 GiB = 24.0 GiB (measured by calibration) × (1 − 5% safety margin)" in out
+    assert re.search(r"ETA \d+:\d\d", out)
+
+
+def test_calibrated_settings_appear_with_their_measured_largest_safe_batch(external, capsys, monkeypatch):
+    plan = _plan_json(QWEN_ON_3090, external, capsys, monkeypatch)
+    calibrated = [s for s in plan["ranked"] if s["prediction"]["source"] == "calibrated"]
+    assert calibrated, "the public measurements' own settings must be planned from their fits"
+    # zero3 without checkpointing ran batch 2 and ran out of memory at 3 (public measurements)
+    zero3 = next(s for s in calibrated if s["label"] == "zero3 full s2048 fp16")
+    assert zero3["largest_safe_batch"] <= 2
+
+
+def test_json_ranking_is_by_time_and_batches_fit_the_budget(external, capsys, monkeypatch):
+    plan = _plan_json(QWEN_ON_3090, external, capsys, monkeypatch)
+    hours = [s["eta"]["hours"] for s in plan["ranked"]]
+    assert hours == sorted(hours)
+    usable = plan["memory_budget"]["usable_gib"]
+    assert all(s["prediction"]["peak_reserved_gib"]["upper"] <= usable for s in plan["ranked"])
+    assert plan["recommendation"]["label"] == plan["ranked"][0]["label"] and plan["reasons"]
+
+
+def test_full_flag_recommends_full_fine_tuning_and_says_what_lora_would_trade(external, capsys, monkeypatch):
+    plan = _plan_json([*QWEN_ON_3090, "--full"], external, capsys, monkeypatch)
+    assert plan["recommendation"]["training"] == "full"
+    assert any("LoRA" in reason for reason in plan["reasons"])
+
+
+def test_max_hours_filters(external, capsys, monkeypatch):
+    plan = _plan_json([*QWEN_ON_3090, "--max-hours", 1.0], external, capsys, monkeypatch)
+    assert plan["ranked"] and plan["over_max_hours"]
+    assert all(s["eta"]["hours"] <= 1.0 for s in plan["ranked"])
+    assert all(s["eta"]["hours"] > 1.0 for s in plan["over_max_hours"])
+
+
+def test_a_recommendation_from_the_prior_alone_is_warned(external, capsys, monkeypatch):
+    plan = _plan_json([*QWEN_ON_3090, "--lora"], external, capsys, monkeypatch)  # no LoRA was measured
+    assert plan["recommendation"]["prediction"]["source"] == "prior"
+    assert any("analytic prior alone" in w for w in plan["warnings"])
+
+
+def test_the_whole_setup_search_takes_well_under_a_few_seconds(external):
+    from calibration.records import read_records
+    from calibration.settings import Setting
+    from models.hardware import find_gpu
+    from models.predictor import Predictor
+    from planner.search import MemoryBudget, PlanRequest, make_plan
+
+    predictor, gpu = Predictor.from_records(read_records([external])), find_gpu("RTX-3090")
+    request = PlanRequest(base=Setting(model="qwen1.5-0.5b"), dataset_size=19692, epochs=1, gpu=gpu,
+                          budget=MemoryBudget(gpu.memory_bytes))
+    start = time.perf_counter()
+    make_plan(predictor, request)
+    assert time.perf_counter() - start < 3.0  # benchmarks/planner_speed.py measures it; < 1 s unloaded
+
+
+def test_plan_module_import_does_not_import_torch():
+    probe = "import sys, planner.cli, planner.search, planner.plots, planner.emit; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "False"
