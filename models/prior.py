@@ -155,7 +155,7 @@ class PriorConstants:
 
 @dataclass(frozen=True)
 class PriorEstimate:
-    """Mean per-GPU bytes and seconds of the prior, with relative margins for the upper bounds."""
+    """Mean per-GPU bytes and seconds of the prior; the step time split into compute and optimizer step."""
 
     peak_allocated: float
     peak_reserved: float
