@@ -1,0 +1,91 @@
+"""Bad input to plan, eta, report and gpus: one `error:` line on stderr, a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from plan_fakes import run_ftplan
+
+PLAN = ["plan", "--model", "llama-3-8b", "--dataset-size", 1000, "--gpu", "H200"]
+ETA = ["eta", "--model", "llama-3-8b", "--batch-size", 1, "--dataset-size", 1000, "--gpu", "H200"]
+
+
+def _replace(args: list, option: str, value) -> list:
+    args = list(args)
+    args[args.index(option) + 1] = value
+    return args
+
+
+def _assert_one_line_error(code: int, err: str, *fragments: str) -> None:
+    assert code != 0
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (_replace(PLAN, "--model", "llama-3-8"), ("unknown model 'llama-3-8'", "did you mean llama-3-8b")),
+    (_replace(PLAN, "--gpu", "H201"), ("unknown GPU 'H201'", "did you mean H200")),
+    (_replace(PLAN, "--dataset-size", 0), ("dataset size must be positive",)),
+    ([*PLAN, "--epochs", -1], ("epochs must be positive",)),
+    ([*PLAN, "--seq-len", 0], ("sequence length must be positive",)),
+    ([*PLAN, "--gpus", 0], ("GPU and node counts must be positive",)),
+    ([*PLAN, "--price-per-hour", -2], ("price per hour must be positive",)),
+    ([*PLAN, "--calibrations", "/nonexistent/h200.jsonl"], ("/nonexistent/h200.jsonl does not exist",)),
+    (_replace(ETA, "--batch-size", 0), ("batch size must be positive",)),
+    (_replace(ETA, "--dataset-size", -5), ("dataset size must be positive",)),
+    ([*ETA, "--epochs", 0], ("epochs must be positive",)),
+    (_replace(ETA, "--gpu", "A100-90GB"), ("unknown GPU", "A100-80GB")),
+])
+def test_bad_values_fail_with_one_line(args, fragments, capsys, monkeypatch):
+    _assert_one_line_error(*run_ftplan(args, capsys, monkeypatch)[::2], *fragments)
+
+
+def test_corrupt_calibration_file_is_refused(tmp_path, capsys, monkeypatch):
+    corrupt = tmp_path / "corrupt.jsonl"
+    corrupt.write_text('{"schema_version": 1, "model": "llama-3-8b", "micro_b\nnot json at all\n')
+    code, _, err = run_ftplan([*PLAN, "--calibrations", corrupt], capsys, monkeypatch)
+    _assert_one_line_error(code, err, "no valid calibration records")
+    assert "corrupt.jsonl:1" in err and "corrupt.jsonl:2" in err  # each skipped line named as a warning
+
+
+def test_a_gpu_too_small_for_any_setup_is_one_clear_error(tmp_path, capsys, monkeypatch):
+    specs = tmp_path / "gpus.csv"
+    specs.write_text("name,memory_gib,bf16_dense_tflops,memory_bandwidth_gbs\nTINY-1G,1,10,100\n")
+    code, _, err = run_ftplan([*_replace(PLAN, "--gpu", "TINY-1G"), "--gpu-specs", specs], capsys, monkeypatch)
+    _assert_one_line_error(code, err, "no setup of llama-3-8b", "fits on TINY-1G even at batch 1")
+
+
+@pytest.mark.parametrize("csv, fragment", [
+    ("name,memory_gib\nX,10\n", "lack column(s) bf16_dense_tflops, memory_bandwidth_gbs"),
+    ("name,memory_gib,bf16_dense_tflops,memory_bandwidth_gbs\nX,lots,10,100\n", "memory_gib must hold positive numbers"),
+    ("name,memory_gib,bf16_dense_tflops,memory_bandwidth_gbs\nX,-4,10,100\n", "memory_gib must hold positive numbers"),
+])
+def test_bad_gpu_specs_csv_is_refused(tmp_path, csv, fragment, capsys, monkeypatch):
+    specs = tmp_path / "gpus.csv"
+    specs.write_text(csv)
+    for command in (["gpus"], PLAN):
+        _assert_one_line_error(*run_ftplan([*command, "--gpu-specs", specs], capsys, monkeypatch)[::2], fragment)
+
+
+def test_missing_gpu_specs_file_is_refused(capsys, monkeypatch):
+    _assert_one_line_error(*run_ftplan(["gpus", "--gpu-specs", "/nonexistent.csv"], capsys, monkeypatch)[::2],
+                           "cannot read GPU specs /nonexistent.csv")
+
+
+def test_report_without_records_to_plot_is_refused(tmp_path, capsys, monkeypatch):
+    from plan_fakes import write_external_jsonl
+    external = write_external_jsonl(tmp_path / "external.jsonl")
+    code, _, err = run_ftplan(["report", "--model", "llama-2-7b", "--calibrations", external, "--out", tmp_path],
+                              capsys, monkeypatch)
+    _assert_one_line_error(code, err, "no calibration records of llama-2-7b")
+
+
+def test_the_installed_console_script_prints_one_line_too():
+    result = subprocess.run(["ftplan", "plan", "--model", "lama-3-8b", "--dataset-size", "10", "--gpu", "H200"],
+                            capture_output=True, text=True)
+    _assert_one_line_error(result.returncode, result.stderr, "did you mean llama-3-8b")
