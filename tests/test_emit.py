@@ -1,0 +1,79 @@
+"""`--emit`: the recommended setup as files the Hugging Face Trainer and DeepSpeed accept as they are."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from calibration.settings import Setting
+from models.errors import FtplanError
+from models.hardware import GpuSpec
+from planner.emit import DS_CONFIG, README, TRAINING_ARGS, write_configs
+from planner.search import MemoryBudget, PlanRequest, plan_setup
+from plan_fakes import FakePredictor, run_ftplan, write_external_jsonl
+
+GPU = GpuSpec("TEST-80", 80, 100, 1000)
+
+
+def _emit(tmp_path, setting: Setting):
+    request = PlanRequest(base=setting, dataset_size=1000, epochs=2, gpu=GPU, budget=MemoryBudget(GPU.memory_bytes))
+    setup = plan_setup(FakePredictor(), setting, request)
+    write_configs(tmp_path, setup, request)
+    return setup
+
+
+def _training_arguments(tmp_path):
+    from transformers import TrainingArguments
+
+    kwargs = json.loads((tmp_path / TRAINING_ARGS).read_text())
+    # this test machine has no GPU: bf16 needs use_cpu here; on the training machine the file runs as written
+    return kwargs, TrainingArguments(**kwargs, use_cpu=True)
+
+
+def test_deepspeed_offload_setup_loads_in_training_arguments_and_validates_in_deepspeed(tmp_path):
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    setting = Setting(model="llama-3-8b", zero_stage=2, offload_optimizer=True, liger=True, gradient_checkpointing=True)
+    setup = _emit(tmp_path, setting)
+    kwargs, args = _training_arguments(tmp_path)
+    assert args.per_device_train_batch_size == setup.batch and args.num_train_epochs == 2
+    assert args.gradient_checkpointing and args.bf16 and args.use_liger_kernel
+    # the Trainer fills the "auto" values from its arguments; DeepSpeed then validates the result
+    filled = args.hf_deepspeed_config.config
+    config = DeepSpeedConfig(filled)
+    assert config.zero_optimization_stage == 2
+    assert config.zero_config.offload_optimizer.device == "cpu" and config.zero_config.offload_optimizer.pin_memory
+    assert config.train_micro_batch_size_per_gpu == setup.batch and config.train_batch_size == setup.batch
+    written = json.loads((tmp_path / DS_CONFIG).read_text())
+    assert written["train_batch_size"] == "auto" and written["bf16"] == {"enabled": True}
+
+
+def test_plain_lora_setup_needs_no_deepspeed_and_its_readme_has_the_peft_lines(tmp_path):
+    _emit(tmp_path, Setting(model="llama-3-8b", lora_rank=16))
+    assert not (tmp_path / DS_CONFIG).exists()
+    kwargs, args = _training_arguments(tmp_path)
+    assert "deepspeed" not in kwargs and not args.gradient_checkpointing
+    readme = (tmp_path / README).read_text()
+    assert "LoraConfig(r=16, lora_alpha=32" in readme and "get_peft_model" in readme
+
+
+def test_plan_emit_writes_the_recommended_setup(tmp_path, capsys, monkeypatch):
+    external = write_external_jsonl(tmp_path / "external.jsonl")
+    out = tmp_path / "configs"
+    code, stdout, err = run_ftplan(["plan", "--model", "qwen1.5-0.5b", "--dataset-size", 19692, "--gpu", "RTX-3090",
+                                    "--calibrations", external, "--full", "--json", "--emit", out],
+                                   capsys, monkeypatch)
+    assert code == 0, err
+    recommended = json.loads(stdout)["recommendation"]
+    kwargs = json.loads((out / TRAINING_ARGS).read_text())
+    assert kwargs["per_device_train_batch_size"] == recommended["largest_safe_batch"]
+    assert (out / DS_CONFIG).exists() == (recommended["setting"]["zero_stage"] > 0)
+    assert recommended["label"] in (out / README).read_text()
+
+
+def test_unwritable_emit_folder_is_one_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(FtplanError, match="cannot write configs"):
+        _emit(blocker / "sub", Setting(model="llama-3-8b"))
