@@ -1,0 +1,189 @@
+"""FtplanCallback on real tiny Trainer runs (CPU, random weights): the record it leaves, also when interrupted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("transformers")
+import torch  # noqa: E402
+from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+
+from calibration.callback import SOURCE, FtplanCallback, _architecture, _liger_patched, _zero  # noqa: E402
+from calibration.records import read_records  # noqa: E402
+from calibration.trial import RandomTokens  # noqa: E402
+from models.architecture import load_architecture  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+SEQ_LEN = 32
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny models on a shared 2-core machine run several times faster on one thread than on two."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_model(layers: int | None = None):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = {k: v for k, v in load_architecture("tiny-llama").config.items() if not k.startswith("_")}
+    if layers is not None:
+        config["num_hidden_layers"] = layers
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**config))
+
+
+def train(tmp_path: Path, callbacks: list, model=None, micro_batch: int = 2, steps: int = 6, **arguments) -> Trainer:
+    args = TrainingArguments(output_dir=str(tmp_path / "run"), per_device_train_batch_size=micro_batch, max_steps=steps,
+                             use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True,
+                             optim="adamw_torch", **arguments)
+    trainer = Trainer(model=model if model is not None else tiny_model(), args=args, callbacks=callbacks,
+                      train_dataset=RandomTokens(micro_batch * steps, SEQ_LEN, 8192))
+    trainer.train()
+    return trainer
+
+
+def test_lora_run_with_checkpointing_leaves_one_record_of_its_setting_and_measurements(tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny_model(), LoraConfig(r=4, target_modules=["v_proj", "model.layers.0.self_attn.q_proj"]))
+    model.enable_input_require_grads()
+    out = tmp_path / "calibrations.jsonl"
+    callback = FtplanCallback(out=out, warmup_steps=2)
+    train(tmp_path, [callback], model=model, gradient_checkpointing=True)
+
+    [record] = read_records([out])
+    arch = load_architecture("tiny-llama")
+    assert record["source"] == SOURCE == "trainer_callback"
+    assert record["status"] == "ok" and record["message"] == ""
+    assert (record["model"], record["arch_hash"], record["seq_len"], record["micro_batch"]) == ("tiny-llama", arch.hash, SEQ_LEN, 2)
+    assert (record["lora_rank"], record["lora_targets"]) == (4, ["q_proj", "v_proj"])
+    assert record["gradient_checkpointing"] is True
+    assert (record["precision"], record["optimizer"], record["zero_stage"], record["liger"]) == ("fp32", "adamw_torch", 0, False)
+    assert (record["gpus"], record["nodes"], record["gpu_count"], record["device"]) == (1, 1, 1, "cpu")
+    assert record["params_total"] == arch.params_total
+    assert record["params_trainable"] < arch.params_total  # adapters only; PEFT may adapt fewer modules than named
+    assert record["steps_measured"] == 4 == len(record["step_seconds"])
+    assert record["seconds_per_step"] > 0 and record["tokens_per_second"] > 0
+    assert record["peak_allocated_bytes"] > 0 and record["peak_reserved_bytes_per_gpu"] == [record["peak_reserved_bytes"]]
+    assert record["versions"]["transformers"] and record["gradient_accumulation_steps"] == 1
+    assert {k: v for k, v in callback.record.items()} == {k: v for k, v in record.items() if k != "_source"}
+
+
+def test_earlier_runs_calibrate_the_prediction_of_a_later_run(tmp_path, capsys):
+    out = tmp_path / "calibrations.jsonl"
+    for batch in (1, 4):
+        train(tmp_path, [FtplanCallback(out=out, warmup_steps=1)], micro_batch=batch, steps=3)
+    callback = FtplanCallback(out=out, warmup_steps=1)
+    train(tmp_path, [callback], micro_batch=2, steps=3)
+
+    prediction = callback.record["prediction"]
+    assert prediction["source"] == "calibrated" and prediction["gpu"] == "cpu"
+    assert prediction["peak_allocated_bytes"] > 0 and prediction["seconds_per_step"] > 0
+    printed = capsys.readouterr().err
+    assert "ftplan prediction (calibrated) for micro-batch 2 on cpu" in printed
+    assert "predicted   measured   error" in printed and "s/optimizer step" in printed
+    assert len(read_records([out])) == 3
+
+
+class RaiseAtStep(TrainerCallback):
+    def __init__(self, step: int, error: BaseException):
+        self.step, self.error = step, error
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise self.error
+
+
+def test_uncaught_out_of_memory_is_recorded_once_as_oom(tmp_path):
+    out = tmp_path / "calibrations.jsonl"
+    callback = FtplanCallback(out=out, warmup_steps=1)
+    with pytest.raises(torch.OutOfMemoryError) as raised:
+        train(tmp_path, [callback, RaiseAtStep(3, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"))])
+    assert callback.record is None
+    assert not out.exists()  # nothing yet: the user might still catch the exception and go on
+    sys.excepthook(raised.type, raised.value, raised.tb)  # what Python does with an uncaught exception
+    callback._at_exit()  # and then the atexit handlers run
+
+    [record] = read_records([out])
+    assert record["status"] == "oom" and "out of memory after 2 measured step(s)" in record["message"]
+    assert record["steps_measured"] == 2 and record["peak_reserved_bytes"] > 0
+    assert sys.excepthook != callback._excepthook
+
+
+INTERRUPTED_RUN = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, {tests!r})
+    from pathlib import Path
+    import torch
+    torch.set_num_threads(1)
+    from test_callback import RaiseAtStep, train
+    from calibration.callback import FtplanCallback
+
+    class Terminate(RaiseAtStep):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == self.step:
+                os.kill(os.getpid(), signal.SIGTERM)  # as a scheduler or `kill` would, mid-run
+
+    train(Path({tmp!r}), [FtplanCallback(out={out!r}, warmup_steps=1), Terminate(4, None)], micro_batch=1, steps=40)
+""")
+
+
+def test_sigterm_mid_run_leaves_exactly_one_valid_record_and_still_terminates(tmp_path):
+    out = tmp_path / "calibrations.jsonl"
+    code = INTERRUPTED_RUN.format(tests=str(REPO / "tests"), tmp=str(tmp_path), out=str(out))
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert done.returncode == -signal.SIGTERM, done.stderr[-2000:]
+    [record] = read_records([out])
+    assert record["status"] == "ok" and record["source"] == SOURCE
+    assert record["message"] == "interrupted after 3 measured step(s): SIGTERM"
+    assert record["steps_measured"] == 3 and record["seconds_per_step"] > 0
+    assert len(out.read_text().splitlines()) == 1
+
+
+def test_zero_stage_and_optimizer_offload_are_read_from_the_deepspeed_config(tmp_path):
+    config = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config))
+    plain = SimpleNamespace(hf_deepspeed_config=None, deepspeed_plugin=None, deepspeed=None)
+    assert _zero(plain) == (0, False)
+    assert _zero(SimpleNamespace(**{**vars(plain), "deepspeed": config})) == (2, True)
+    assert _zero(SimpleNamespace(**{**vars(plain), "deepspeed": str(path)})) == (2, True)
+    attached = SimpleNamespace(config={"zero_optimization": {"stage": 3}})
+    assert _zero(SimpleNamespace(**{**vars(plain), "hf_deepspeed_config": attached})) == (3, False)
+
+
+def test_model_of_an_unshipped_shape_gets_its_config_written_next_to_the_records(tmp_path):
+    arch = _architecture(tiny_model(layers=3), tmp_path)
+    assert Path(arch.id).parent == tmp_path and Path(arch.id).exists()
+    assert load_architecture(arch.id).layers == 3 and arch.params_total > load_architecture("tiny-llama").params_total
+    assert _architecture(tiny_model(), tmp_path).id == "tiny-llama"
+
+
+def test_a_module_from_liger_kernel_marks_the_run_as_liger():
+    model = tiny_model()
+    assert not _liger_patched(model)
+    norm = type("LigerRMSNorm", (torch.nn.Module,), {"__module__": "liger_kernel.transformers.rms_norm"})
+    model.model.norm = norm()
+    assert _liger_patched(model)
+
+
+def test_a_failing_callback_never_breaks_training(tmp_path, capsys):
+    out = tmp_path / "is-a-directory.jsonl"
+    out.mkdir()
+    trainer = train(tmp_path, [FtplanCallback(out=out, warmup_steps=1)], steps=3)
+    assert trainer.state.global_step == 3
+    assert "ftplan: callback disabled, nothing recorded: IsADirectoryError" in capsys.readouterr().err
