@@ -1,0 +1,38 @@
+"""`ftplan report` writes readable PNG charts from calibrations and the planner's view of them."""
+
+from __future__ import annotations
+
+from plan_fakes import run_ftplan, write_external_jsonl
+from planner.plots import COMPLETION_PNG, MEMORY_PNG, TIME_PNG
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_writes_the_three_charts(tmp_path, capsys, monkeypatch):
+    external = write_external_jsonl(tmp_path / "external.jsonl")
+    out = tmp_path / "report"
+    code, stdout, err = run_ftplan(["report", "--model", "qwen1.5-0.5b", "--calibrations", external, "--out", out,
+                                    "--dataset-size", 19692], capsys, monkeypatch)
+    assert code == 0, err
+    for name in (MEMORY_PNG, TIME_PNG, COMPLETION_PNG):
+        data = (out / name).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 20_000, name  # a real chart, not an empty canvas
+        assert str(out / name) in stdout
+
+
+def test_curves_show_the_planners_largest_safe_batch_under_the_cards_limit(tmp_path):
+    from calibration.records import read_records
+    from models.hardware import find_gpu
+    from models.predictor import Predictor
+    from planner.plots import collect_curves
+    from planner.search import MemoryBudget
+
+    records = read_records([write_external_jsonl(tmp_path / "external.jsonl")])
+    gpu = find_gpu("RTX-3090")
+    budget = MemoryBudget(gpu.memory_bytes)
+    curves = collect_curves(records, Predictor.from_records(records), {"RTX-3090": gpu}, {"RTX-3090": budget})
+    assert len(curves) == 4  # the four single-GPU set-ups of the public 0.5B measurements
+    for c in curves:
+        assert c.batches[0] == 1 and c.batches[-1] >= max(r["micro_batch"] for r in c.measured)
+        assert all(batch > c.safe_batch for batch in c.oom_batches)
+        assert c.reserved[c.safe_batch - 1][1] <= budget.usable_bytes
