@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from calibration import launcher
-from calibration.records import read_records
+from calibration.records import RecordWarning, read_records
 from models.errors import FtplanError
 from planner.cli import cli
 
@@ -100,3 +100,14 @@ def test_offload_both_pairs_offload_only_with_zero_stages(fake_trial, tmp_path):
 def test_bad_batch_sizes_are_rejected_before_anything_runs(fake_trial, tmp_path):
     result = calibrate(tmp_path / "c.jsonl", "--batch-sizes", "1,two")
     assert result.exit_code == 2 and "expected comma-separated integers" in result.output
+
+
+def test_a_line_torn_by_a_kill_mid_write_is_skipped_and_the_next_record_starts_on_its_own_line(fake_trial, tmp_path):
+    out = tmp_path / "c.jsonl"
+    fake_trial()
+    calibrate(out, "--batch-sizes", "1")
+    whole = out.read_text()
+    out.write_text(whole + whole[: len(whole) // 2])  # what a writer killed inside write() leaves
+    calibrate(out, "--batch-sizes", "1,2")
+    with pytest.warns(RecordWarning, match=r"c\.jsonl:2: corrupt or truncated record skipped"):
+        assert [b for _, b, _ in trials(out)] == [1, 2]
