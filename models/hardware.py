@@ -7,6 +7,7 @@ overrides or extends them. Time transfers between GPUs by these throughputs; mem
 from __future__ import annotations
 
 import difflib
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,15 +69,21 @@ def _read_specs(path: Path) -> pd.DataFrame:
     return frame
 
 
+@functools.lru_cache(maxsize=4)
+def _shipped_aliases(path: Path) -> tuple[tuple[str, str], ...]:
+    """(normalised alias, card name) pairs; cached because every calibration record's GPU is looked up."""
+    return tuple((_normalise(alias), row["name"]) for row in _read_specs(path).to_dict("records")
+                 for alias in str(row.get("aliases", "") or "").split(";") if alias)
+
+
 def find_gpu(name: str, catalog: dict[str, GpuSpec] | None = None) -> GpuSpec:
     """Look a GPU up by name or alias, case-insensitively; suggest close names when unknown."""
     catalog = catalog if catalog is not None else load_catalog()
     wanted = _normalise(name)
     aliases = {_normalise(spec.name): spec for spec in catalog.values()}
-    for row in _read_specs(data_dir() / "gpus.csv").to_dict("records"):
-        for alias in str(row.get("aliases", "") or "").split(";"):
-            if alias and row["name"] in catalog:
-                aliases.setdefault(_normalise(alias), catalog[row["name"]])
+    for alias, canonical in _shipped_aliases(data_dir() / "gpus.csv"):
+        if canonical in catalog:
+            aliases.setdefault(alias, catalog[canonical])
     if wanted in aliases:
         return aliases[wanted]
     close = difflib.get_close_matches(wanted, list(aliases), n=3, cutoff=0.5)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import click
@@ -53,11 +54,19 @@ class Evidence:
         return list(dict.fromkeys(Setting.from_dict(r) for r in self.records
                                   if r["model"] == model and r["status"] == "ok"))
 
+    @cached_property
+    def _cards(self) -> dict[str, GpuSpec | None]:
+        cards: dict[str, GpuSpec | None] = {}
+        for name in {str(r.get("gpu_name")) for r in self.records}:
+            try:
+                cards[name] = find_gpu(name, self.catalog)
+            except FtplanError:
+                cards[name] = None  # a card outside the catalog: its records still inform the prior
+        return cards
+
     def card_of(self, record: dict) -> GpuSpec | None:
-        try:
-            return find_gpu(str(record.get("gpu_name")), self.catalog)
-        except FtplanError:
-            return None
+        """The catalog card a record was measured on (record names like 'NVIDIA H200' resolve by alias)."""
+        return self._cards.get(str(record.get("gpu_name")))
 
     def measured_capacity(self, gpu: GpuSpec) -> int | None:
         """The card's total memory as the calibration runs on it saw it, which datasheets round."""
