@@ -102,9 +102,8 @@ def _errors(fit, test: list[dict], kind: str, seq: int) -> dict:
                        "reserved": None if reserved_capped(r) else pct(fit.peak_reserved(batch, seq).mean,
                                                                        r.get("peak_reserved_bytes")),
                        "time": pct(fit.seconds_per_step(batch, seq).mean, r.get("seconds_per_step"))})
-    return {"kind": kind, "setting": fit.label.replace(f"s{fit.seq_lens[0]}", f"s{seq}")
-            if len(fit.seq_lens) == 1 else f"{fit.label} -> s{seq}", "gpu": fit.gpu_name, "seq_len": seq,
-            "points": points}
+    label = fit.label if kind == "larger batches" else f"{fit.label} -> s{seq}"
+    return {"kind": kind, "setting": label, "gpu": fit.gpu_name, "seq_len": seq, "points": points}
 
 
 def _max_batch(fit, group: list[dict], ok: list[dict], walls: set[int], seq: int) -> dict:
