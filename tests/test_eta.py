@@ -30,3 +30,23 @@ def test_duration_is_hours_and_minutes_rounded_up(seconds, text):
 def test_non_positive_inputs_are_refused(args):
     with pytest.raises(FtplanError, match="must be positive"):
         steps_to_finish(*args)
+
+
+def test_eta_command_reports_steps_time_cost_and_the_memory_verdict(tmp_path, capsys, monkeypatch):
+    import json
+
+    from plan_fakes import run_ftplan, write_external_jsonl
+
+    external = write_external_jsonl(tmp_path / "external.jsonl")
+    base = ["eta", "--model", "qwen1.5-0.5b", "--precision", "fp16", "--zero-stage", "3", "--dataset-size", 19692,
+            "--gpu", "RTX-3090", "--price-per-hour", 0.5, "--calibrations", external, "--json"]
+    code, out, err = run_ftplan([*base, "--batch-size", 2], capsys, monkeypatch)
+    assert code == 0, err
+    fits = json.loads(out)
+    assert fits["fits"] and fits["eta"]["steps"] == 9846 and fits["prediction"]["source"] == "calibrated"
+    assert fits["eta"]["cost"] == pytest.approx(fits["eta"]["hours"] * 0.5)
+    code, out, err = run_ftplan([*base, "--batch-size", 3], capsys, monkeypatch)  # ran out of memory when measured
+    assert code == 0, err
+    assert not json.loads(out)["fits"]
+    code, out, err = run_ftplan([a for a in base if a != "--json"] + ["--batch-size", 3], capsys, monkeypatch)
+    assert "NOT safe" in out and "total time:" in out and "steps: 6,564" in out
