@@ -4,7 +4,7 @@ Two measurements, because on a shared machine the run-to-run noise of whole runs
 - self time: the time spent inside the callback's per-step work (on_step_begin, on_step_end and the
   forward pre-hook that reads the sequence length), as a share of the measured step time. Exact,
   but blind to indirect costs (on CUDA: the synchronisations at step edges).
-- A/B: the same training without and with the callback, interleaved, each arm's median seconds per
+- A/B: the same training without and with the callback, interleaved (ABBA), each arm's median seconds per
   step (from a bare timestamp at every step end, present in both arms). Catches indirect costs;
   read it against the spread between repeats of the same arm.
 One-off costs (reading the run, predicting, writing the record) are reported apart: they do not
@@ -121,14 +121,15 @@ def main(device: str, model: str, seq_len: int, batch: int, steps: int, warmup_s
     with tempfile.TemporaryDirectory(prefix="ftplan-overhead-records-") as folder:
         out = Path(folder) / "records.jsonl"
         for repeat in range(repeats):
-            bare.append(run_once(setting, batch, steps, warmup_steps, device, out, with_callback=False)[0])
-            seconds_per_step, inside = run_once(setting, batch, steps, warmup_steps, device, out, with_callback=True)
-            instrumented.append(seconds_per_step)
-            per_step = sum(inside.get(e, 0.0) for e in PER_STEP_EVENTS) / steps
-            per_step_shares.append(per_step / seconds_per_step)
-            one_off.append(inside.get("on_train_begin", 0.0) + inside.get("on_train_end", 0.0))
+            for with_callback in (False, True) if repeat % 2 == 0 else (True, False):  # ABBA: order effects cancel
+                seconds_per_step, inside = run_once(setting, batch, steps, warmup_steps, device, out, with_callback)
+                (instrumented if with_callback else bare).append(seconds_per_step)
+                if with_callback:
+                    per_step = sum(inside.get(e, 0.0) for e in PER_STEP_EVENTS) / steps
+                    one_off.append(inside.get("on_train_begin", 0.0) + inside.get("on_train_end", 0.0))
+            per_step_shares.append(per_step / instrumented[-1])
             click.echo(f"repeat {repeat + 1}/{repeats}: without {bare[-1] * 1e3:.2f} ms/step, "
-                       f"with {seconds_per_step * 1e3:.2f} ms/step, inside the callback {per_step * 1e6:.1f} us/step")
+                       f"with {instrumented[-1] * 1e3:.2f} ms/step, inside the callback {per_step * 1e6:.1f} us/step")
     without, with_ = statistics.median(bare), statistics.median(instrumented)
     spread = (max(bare) - min(bare)) / without
     click.echo(f"\n{setting.model} s{seq_len} batch {batch} on {device}, {steps} steps x {repeats} repeats, interleaved")

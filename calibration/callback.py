@@ -20,7 +20,6 @@ import json
 import os
 import shlex
 import signal
-import statistics
 import sys
 import threading
 import time
@@ -71,6 +70,7 @@ class FtplanCallback(TrainerCallback):
         self.step_seconds: list[float] = []
         self.record: dict | None = None
         self._run: _Run | None = None
+        self._steps_done = 0  # in this call of train(): global_step starts high when resuming from a checkpoint
         self._step_started: float | None = None
         self._finished = False
         self._previous_sigterm = None
@@ -81,14 +81,15 @@ class FtplanCallback(TrainerCallback):
         self._guard(self._begin, args, state, model)
 
     def on_step_begin(self, args, state, control, **kwargs):
-        if self._run is None or state.global_step < self.warmup_steps:
+        if self._run is None or self._steps_done < self.warmup_steps:
             return
-        if state.global_step == self.warmup_steps:
-            measure.reset_peak_memory(self._run.device)
+        if self._steps_done == self.warmup_steps:
+            measure.reset_peak_memory(self._run.device)  # as in a trial: the peak of the measured steps
         self._run.sync()
         self._step_started = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
+        self._steps_done += 1
         if self._step_started is None or self._run is None:
             return
         self._run.sync()
@@ -101,9 +102,9 @@ class FtplanCallback(TrainerCallback):
     # Start ---------------------------------------------------------------------------------------
 
     def _begin(self, args, state, model) -> None:
-        self._finished, self.record, self.step_seconds = False, None, []
+        self._finished, self.record, self.step_seconds, self._steps_done = False, None, [], 0
         self._run = _Run(args, state, model, self.seq_len, config_dir=self.out.parent)
-        self._run.on_first_forward = self._announce
+        self._run.on_first_forward = lambda: self._guard(self._announce)  # runs inside forward: must never raise
         if self.seq_len is not None:
             self._announce()
         atexit.register(self._at_exit)
@@ -128,8 +129,8 @@ class FtplanCallback(TrainerCallback):
             return
         try:
             run.prediction = _predict(run.setting(), run.micro_batch, self.gpu or run.gpu_name, self.out)
-        except FtplanError as exc:
-            run.prediction = str(exc)
+        except Exception as exc:  # noqa: BLE001 - without a prediction the run is still worth recording
+            run.prediction = str(exc) if isinstance(exc, FtplanError) else f"{type(exc).__name__}: {exc}"
         if isinstance(run.prediction, str):
             _say(f"ftplan: no prediction for this run: {run.prediction}")
             return
@@ -215,7 +216,7 @@ class _Run:
         self.world_size = int(args.world_size)
         self.micro_batch = int(args.per_device_train_batch_size)
         self.grad_accum = int(args.gradient_accumulation_steps)
-        self.max_steps = int(state.max_steps or 0)
+        self.remaining_steps = max(0, int(state.max_steps or 0) - int(state.global_step))
         self.gpu_name, self.gpu_memory = measure.gpu_identity(self.device)
         self.arch = _architecture(model, config_dir)
         self.params_trainable = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
@@ -280,7 +281,7 @@ def _setting_fields(args, model, model_id: str) -> dict:
         "liger": bool(args.use_liger_kernel) or _liger_patched(model),
         "lora_rank": lora_rank,
         "lora_targets": lora_targets,
-        "gradient_checkpointing": bool(args.gradient_checkpointing),
+        "gradient_checkpointing": _checkpointing(args, model),
         "gpus": local,
         "nodes": max(1, int(args.world_size) // local),
         "alloc_conf": measure.alloc_conf(),
@@ -315,6 +316,12 @@ def _lora(model) -> tuple[int, tuple[str, ...]]:
     names = {t.rsplit(".", 1)[-1] for t in ([targets] if isinstance(targets, str) else targets)}
     ordered = tuple(t for t in ALL_LINEAR_TARGETS if t in names) + tuple(sorted(names - set(ALL_LINEAR_TARGETS)))
     return config.r, ordered
+
+
+def _checkpointing(args, model) -> bool:
+    """Activation checkpointing asked of the Trainer, or enabled on the model by hand."""
+    asked = getattr(args, "activation_checkpointing", None) or getattr(args, "gradient_checkpointing", False)
+    return bool(asked) or any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
 
 
 def _liger_patched(model) -> bool:
@@ -413,7 +420,8 @@ def _prediction_text(prediction, run: _Run, capacity: int) -> str:
              f"  peak memory per GPU {prediction.peak_reserved.mean / GIB:.3g} GiB reserved "
              f"(up to {prediction.peak_reserved.upper / GIB:.3g}) of {capacity / GIB:.3g} GiB",
              f"  {per_step:.3g} s/optimizer step"
-             + (f", about {_duration(per_step * run.max_steps)} for {run.max_steps} steps" if run.max_steps else "")]
+             + (f", about {_duration(per_step * run.remaining_steps)} for the {run.remaining_steps} steps to go"
+                if run.remaining_steps else "")]
     if prediction.peak_reserved.mean > capacity:
         lines.insert(0, "!" * 72 + "\nftplan: THIS RUN IS PREDICTED NOT TO FIT IN GPU MEMORY (expect an out-of-memory error)")
         lines.append("!" * 72)
