@@ -141,6 +141,18 @@ def training_arguments(setting: Setting, micro_batch: int, steps: int, device: s
     )
 
 
+def _train_without_process_group() -> None:
+    """One GPU without DeepSpeed trains as `python train.py` does, with no process group.
+
+    With the launcher's RANK/WORLD_SIZE set, the Trainer creates a one-rank NCCL group whose lazily
+    built communicator needs fresh device memory at the end of training; at the memory wall that
+    failed as "NCCL ... unhandled cuda error" on the H200 (qwen2.5-0.5b, batch 19) after every step
+    had run. DeepSpeed needs the group and builds its communicator at start-up, before memory fills.
+    """
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(name, None)
+
+
 def run_trial(spec: dict) -> dict:
     """Train for warm-up + measured steps and return the measurements (raises on OOM or failure)."""
     from transformers import Trainer
@@ -149,6 +161,8 @@ def run_trial(spec: dict) -> dict:
     device, micro_batch = spec["device"], spec["micro_batch"]
     warmup, steps = spec.get("warmup_steps", 2), spec.get("steps", 4)
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1 and not setting.uses_deepspeed:
+        _train_without_process_group()
     if device == "cuda":
         import torch
 
