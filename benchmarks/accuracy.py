@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from benchmarks.external import DEFAULT_DIR, load_external  # noqa: E402
 from calibration.records import read_records  # noqa: E402
 from models.errors import FtplanError  # noqa: E402
-from models.fit import SAFETY_MARGIN, fit_setting, group_key, largest_safe_batch  # noqa: E402
+from models.fit import SAFETY_MARGIN, fit_setting, group_records, largest_safe_batch  # noqa: E402
 from models.paths import calibrations_dir  # noqa: E402
 from models.wall import reserved_capped, wall_batches  # noqa: E402
 
@@ -40,13 +40,9 @@ MIN_SEQ_LENS_FOR_HOLDOUT = 3  # two left to fit the sequence-length terms
 def evaluate(records: list[dict]) -> dict:
     """Held-out errors per setting and pooled; the summary keys are the benchmark's contract."""
     rows = []
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for record in records:
-        if record["status"] in ("ok", "oom"):
-            groups.setdefault(group_key(record), []).append(record)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for group in groups.values():
+        for group in group_records(records):
             seq_lens = sorted({r["seq_len"] for r in group if r["status"] == "ok"})
             for seq in seq_lens:
                 rows.extend(_larger_batches(group, seq))

@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass
 
 from calibration.settings import Setting
-from models.curve import Curve, fit_memory_curve, fit_time_curve
+from models.curve import Curve, fit_convex_curve
 from models.errors import FtplanError
 from models.prediction import Estimate
 from models.wall import reserved_capped, wall_batches
@@ -170,11 +170,11 @@ def fit_setting(records: list[dict]) -> SettingFit:
     healthy = [r for r in ok if (r["seq_len"], r["micro_batch"]) not in walls]
     if len({(r["seq_len"], r["micro_batch"]) for r in healthy}) < 2:
         raise FtplanError(f"{label}: fewer than two healthy batch sizes measured, nothing to fit")
-    allocated = fit_memory_curve(*_columns(healthy, "peak_allocated_bytes"), ALLOCATED_FLOOR)
+    allocated = fit_convex_curve(*_columns(healthy, "peak_allocated_bytes"), ALLOCATED_FLOOR)
     timed = [r for r in healthy if r.get("seconds_per_step")]
     if len({r["micro_batch"] for r in timed}) < 2:
         raise FtplanError(f"{label}: fewer than two timed batch sizes measured, nothing to fit")
-    time = fit_time_curve(*_columns(timed, "seconds_per_step"), TIME_FLOOR)
+    time = fit_convex_curve(*_columns(timed, "seconds_per_step"), TIME_FLOOR)
     capacity = max((r.get("gpu_memory_total_bytes") or 0 for r in records), default=0) or None
     return SettingFit(setting=setting_without_seq_len(first), gpu_name=str(first.get("gpu_name")), capacity_bytes=capacity,
                       allocated=allocated, overhead=Overhead.fit(healthy), time=time, walls=walls,
@@ -205,14 +205,27 @@ def largest_safe_batch(fit: SettingFit, seq_len: int, capacity_bytes: int,
     return low
 
 
-def fit_groups(records: list[dict]) -> list[SettingFit]:
-    """One fit per (setting without seq_len, GPU); groups that cannot be fitted are skipped with a warning."""
+def group_records(records: list[dict]) -> list[list[dict]]:
+    """ok/oom records grouped by (setting without seq_len, GPU).
+
+    A trial that died of OOM may not have learnt its GPU's name; it takes the name that ok trials
+    of the same setting on the same machine recorded, so the OOM still bounds their fit.
+    """
+    names = {(r["setting_key"], r.get("machine_id")): r["gpu_name"] for r in records if r.get("gpu_name")}
     groups: dict[tuple[str, str], list[dict]] = {}
     for record in records:
-        if record["status"] in ("ok", "oom"):
-            groups.setdefault(group_key(record), []).append(record)
+        if record["status"] not in ("ok", "oom"):
+            continue
+        if not record.get("gpu_name"):
+            record = {**record, "gpu_name": names.get((record["setting_key"], record.get("machine_id")))}
+        groups.setdefault(group_key(record), []).append(record)
+    return list(groups.values())
+
+
+def fit_groups(records: list[dict]) -> list[SettingFit]:
+    """One fit per (setting without seq_len, GPU); groups that cannot be fitted are skipped with a warning."""
     fits = []
-    for group in groups.values():
+    for group in group_records(records):
         try:
             fits.append(fit_setting(group))
         except FtplanError as exc:

@@ -12,6 +12,7 @@ import numpy as np
 STALL_FRACTION = 0.25  # a per-sample memory step below a quarter of the usual one means memory stopped growing
 TIME_KINK = 0.25       # a step time 25% above the line through the smaller batches is a kink
 NEAR_CAPACITY = 0.95   # reserved above this share of the card is capped by it, not by the model
+WALL_ZONE = 0.85       # stalls and kinks count as the wall only with this share of the card in use
 
 
 def wall_batches(points: list[dict]) -> list[int]:
@@ -41,7 +42,14 @@ def _at_wall(point: dict, below: list[dict]) -> bool:
         return False
     if (point.get("num_alloc_retries") or 0) > 0:
         return True
-    return _memory_stalled(point, below) or _time_kinked(point, below)
+    return _near_capacity(point) and (_memory_stalled(point, below) or _time_kinked(point, below))
+
+
+def _near_capacity(point: dict) -> bool:
+    """A stall or kink far from the card's capacity is something else (e.g. launch-bound small batches)."""
+    capacity = point.get("gpu_memory_total_bytes")
+    used = max(point.get("peak_reserved_bytes") or 0, point.get("peak_allocated_bytes") or 0)
+    return not capacity or used >= WALL_ZONE * capacity
 
 
 def _memory_stalled(point: dict, below: list[dict]) -> bool:
@@ -55,11 +63,10 @@ def _memory_stalled(point: dict, below: list[dict]) -> bool:
 
 
 def _time_kinked(point: dict, below: list[dict]) -> bool:
+    """Slower than the last healthy segment extrapolated: step time is convex, so the last slope is the steepest."""
     timed = [r for r in below if r.get("seconds_per_step")]
     if len(timed) < 2 or not point.get("seconds_per_step"):
         return False
-    batch = np.array([r["micro_batch"] for r in timed], float)
-    seconds = np.array([r["seconds_per_step"] for r in timed], float)
-    slope, intercept = np.polyfit(batch, seconds, 1)
-    expected = intercept + slope * point["micro_batch"]
+    (b0, t0), (b1, t1) = ((r["micro_batch"], r["seconds_per_step"]) for r in timed[-2:])
+    expected = t1 + max(0.0, (t1 - t0) / (b1 - b0)) * (point["micro_batch"] - b1)
     return bool(point["seconds_per_step"] > (1 + TIME_KINK) * expected)

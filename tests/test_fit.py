@@ -132,3 +132,11 @@ def test_cpu_timing_noise_at_the_top_is_not_an_allocator_wall():
     records = synthetic_records([1, 2, 3, 4, 5], device="cpu")
     records[-1]["seconds_per_step"] *= 2
     assert fit_setting(records).wall_batches(2048) == []
+
+
+def test_launch_bound_small_batches_far_from_capacity_are_not_a_wall():
+    """H200, small model: flat step time up to batch 8, then linear; half the card free."""
+    times = {1: 0.25, 2: 0.20, 4: 0.22, 8: 0.25, 16: 0.34, 32: 0.58}
+    fit = fit_setting(synthetic_records(list(times), seconds=lambda b, s: times[b]))
+    assert fit.wall_batches(2048) == []
+    assert fit.seconds_per_step(32, 2048).mean == pytest.approx(0.58, rel=0.05)
