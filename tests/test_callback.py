@@ -46,9 +46,9 @@ def tiny_model(layers: int | None = None):
 
 
 def train(tmp_path: Path, callbacks: list, model=None, micro_batch: int = 2, steps: int = 6, **arguments) -> Trainer:
-    args = TrainingArguments(output_dir=str(tmp_path / "run"), per_device_train_batch_size=micro_batch, max_steps=steps,
-                             use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True,
-                             optim="adamw_torch", **arguments)
+    args = TrainingArguments(**{"output_dir": str(tmp_path / "run"), "per_device_train_batch_size": micro_batch,
+                                "max_steps": steps, "use_cpu": True, "report_to": [], "save_strategy": "no",
+                                "logging_strategy": "no", "disable_tqdm": True, "optim": "adamw_torch", **arguments})
     trainer = Trainer(model=model if model is not None else tiny_model(), args=args, callbacks=callbacks,
                       train_dataset=RandomTokens(micro_batch * steps, SEQ_LEN, 8192))
     trainer.train()
@@ -187,3 +187,34 @@ def test_a_failing_callback_never_breaks_training(tmp_path, capsys):
     trainer = train(tmp_path, [FtplanCallback(out=out, warmup_steps=1)], steps=3)
     assert trainer.state.global_step == 3
     assert "ftplan: callback disabled, nothing recorded: IsADirectoryError" in capsys.readouterr().err
+
+
+def test_a_run_predicted_not_to_fit_is_warned_about_loudly():
+    from calibration.callback import _prediction_text
+    from calibration.settings import Setting
+    from models.prediction import Estimate, Prediction
+
+    setting = Setting("llama-3-8b", seq_len=4096)
+    run = SimpleNamespace(micro_batch=8, grad_accum=2, remaining_steps=1000, setting=lambda: setting)
+    gib = 2**30
+
+    def text(reserved_gib: float, upper_gib: float) -> str:
+        prediction = Prediction(setting, 8, "H200", Estimate(reserved_gib * gib, upper_gib * gib),
+                                Estimate(reserved_gib * gib, upper_gib * gib), Estimate(1.5, 1.8), "prior")
+        return _prediction_text(prediction, run, capacity=141 * gib)
+
+    assert "PREDICTED NOT TO FIT" in text(150, 160)
+    assert "may not fit" in text(130, 150) and "PREDICTED NOT TO FIT" not in text(130, 150)
+    fits = text(60, 70)
+    assert "fit" not in fits.replace("ftplan prediction", "")
+    assert "3 s/optimizer step, about 0:50:00 for the 1000 steps to go" in fits  # 2 micro-batches of 1.5 s per step
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_run_records_the_allocator_peaks_of_the_card(tmp_path):
+    out = tmp_path / "calibrations.jsonl"
+    train(tmp_path, [FtplanCallback(out=out, warmup_steps=2)], use_cpu=False, bf16=True)
+    [record] = read_records([out])
+    assert record["device"] == "cuda" and record["gpu_name"] == torch.cuda.get_device_name()
+    assert 0 < record["peak_allocated_bytes"] <= record["peak_reserved_bytes"] < record["gpu_memory_total_bytes"]
+    assert record["precision"] == "bf16" and record["steps_measured"] == 4 and record["num_alloc_retries"] == 0
