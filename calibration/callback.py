@@ -166,7 +166,7 @@ class FtplanCallback(TrainerCallback):
             timestamp=dt.datetime.fromtimestamp(run.started, dt.timezone.utc).isoformat(timespec="seconds"),
             source=SOURCE, machine_id=measure.machine_id(), device=run.device, arch_hash=run.arch.hash,
             command=shlex.join(sys.argv), trial_seconds=round(outcome.seconds, 3),
-            gradient_accumulation_steps=run.grad_accum,
+            gradient_accumulation_steps=run.grad_accum, trainable_dtype=run.trainable_dtype,
             prediction=_prediction_fields(run.prediction),
             **measurements(outcome, setting, run.micro_batch))
         if self.record["tokens_per_second"]:  # an optimizer step consumed grad_accum micro-batches
@@ -219,7 +219,10 @@ class _Run:
         self.remaining_steps = max(0, int(state.max_steps or 0) - int(state.global_step))
         self.gpu_name, self.gpu_memory = measure.gpu_identity(self.device)
         self.arch = _architecture(model, config_dir)
-        self.params_trainable = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        self.params_trainable = sum(getattr(p, "ds_numel", p.numel()) for p in trainable)
+        # Setting has no field for it: pure-bf16 weights need less memory than the trials' fp32 ones
+        self.trainable_dtype = str(trainable[0].dtype).removeprefix("torch.") if trainable else None
         self._fields = _setting_fields(args, model, self.arch.id)
         self.seq_len_max, self.seq_len_min = seq_len, seq_len
         self.prediction = None

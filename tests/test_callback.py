@@ -79,6 +79,7 @@ def test_lora_run_with_hand_enabled_checkpointing_leaves_one_record_of_its_setti
     assert record["seconds_per_step"] > 0 and record["tokens_per_second"] > 0
     assert record["peak_allocated_bytes"] > 0 and record["peak_reserved_bytes_per_gpu"] == [record["peak_reserved_bytes"]]
     assert record["versions"]["transformers"] and record["gradient_accumulation_steps"] == 1
+    assert record["trainable_dtype"] == "float32"
     assert {k: v for k, v in callback.record.items()} == {k: v for k, v in record.items() if k != "_source"}
 
 
