@@ -57,7 +57,8 @@ def gpu_identity(device: str) -> tuple[str, int]:
     if device == "cuda":
         import torch
 
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        index = int(os.environ.get("LOCAL_RANK", torch.cuda.current_device()))  # before set_device, too
+        props = torch.cuda.get_device_properties(index)
         return props.name, props.total_memory
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return "cpu", total

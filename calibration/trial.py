@@ -209,8 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(args.spec.read_text())
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", spec["setting"].get("alloc_conf", ""))
     identity = {"device": spec["device"], "alloc_conf": measure.alloc_conf(), "versions": measure.library_versions()}
+    try:  # known before training, so OOM and error results name their card too
+        identity["gpu_name"], identity["gpu_memory_total_bytes"] = measure.gpu_identity(spec["device"])
+    except Exception as exc:  # noqa: BLE001 - a broken device shows up as the trial's own error below
+        identity["message"] = f"device not usable: {exc}"
     try:
-        result = {"status": "ok", "message": "", **run_trial(spec), **identity}
+        result = {"status": "ok", "message": "", **identity, **run_trial(spec)}
         code = EXIT_OK
     except BaseException as exc:  # noqa: BLE001 - every failure must become a result, never a hang
         if isinstance(exc, KeyboardInterrupt):
@@ -219,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
         if not oom:
             traceback.print_exc()
-        result = {"status": "oom" if oom else "error", "message": message, **identity}
+        result = {**identity, "status": "oom" if oom else "error", "message": message}
         code = EXIT_OOM if oom else EXIT_ERROR
     write_result(args.result, result)
     return code
