@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from calibration import launcher
 from calibration.records import RecordWarning, read_records
+from models.architecture import load_architecture
 from models.errors import FtplanError
 from planner.cli import cli
 
@@ -23,8 +24,8 @@ def fake_trial(monkeypatch):
     return lambda **behaviour: monkeypatch.setenv("FAKE_TRIAL", json.dumps(behaviour))
 
 
-def calibrate(out: Path, *args: str):
-    return CliRunner().invoke(cli, ["calibrate", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "64",
+def calibrate(out: Path, *args: str, seq_len: int = 64):
+    return CliRunner().invoke(cli, ["calibrate", "--model", "tiny-llama", "--device", "cpu", "--seq-len", str(seq_len),
                                     "--machine", "test-box", "--out", str(out), *args], terminal_width=200)
 
 
@@ -111,3 +112,23 @@ def test_a_line_torn_by_a_kill_mid_write_is_skipped_and_the_next_record_starts_o
     calibrate(out, "--batch-sizes", "1,2")
     with pytest.warns(RecordWarning, match=r"c\.jsonl:2: corrupt or truncated record skipped"):
         assert [b for _, b, _ in trials(out)] == [1, 2]
+
+
+def test_a_real_cpu_calibration_of_the_tiny_model_writes_sane_records(tmp_path):
+    """Sequence length 512, not 64: at 64 tokens a sample adds a few MB, less than the noise of a process's RSS."""
+    pytest.importorskip("transformers")
+    out = tmp_path / "c.jsonl"
+    result = calibrate(out, "--batch-sizes", "1,2,4", "--precision", "fp32", "--steps", "2", "--warmup-steps", "1",
+                       "--timeout", "120", seq_len=512)
+    assert result.exit_code == 0, result.output
+    records = read_records([out])
+    assert [(r["micro_batch"], r["status"]) for r in records] == [(1, "ok"), (2, "ok"), (4, "ok")], \
+        [r["message"] for r in records]
+    peaks = [r["peak_allocated_bytes"] for r in records]
+    assert peaks == sorted(set(peaks)) and 50 * 2**20 < peaks[0] < 8 * 2**30  # grows with batch, plausible size
+    arch = load_architecture("tiny-llama")
+    for r in records:
+        assert r["params_total"] == r["params_trainable"] == arch.params_total
+        assert r["steps_measured"] == 2 and 0 < r["seconds_per_step"] < 60
+        assert r["tokens_per_second"] == pytest.approx(r["micro_batch"] * 512 / r["seconds_per_step"])
+        assert r["gpu_name"] == "cpu" and r["versions"]["torch"] and r["arch_hash"] == arch.hash

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from calibration.ladder import LadderStep
 from calibration.runner import CalibrationPlan, calibrate
-from calibration.settings import Setting
+from calibration.settings import PRECISIONS, Setting
 from models.architecture import ALL_LINEAR_TARGETS, load_architecture
 from models.errors import FtplanError
 
@@ -66,6 +66,8 @@ def _targets(_ctx, _param, value: str) -> tuple[str, ...]:
               help="LoRA rank, 0 = full fine-tuning; repeatable.")
 @click.option("--lora-targets", default=",".join(ALL_LINEAR_TARGETS), show_default=True, callback=_targets,
               help="Comma-separated module names LoRA adapts.")
+@click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True,
+              help="Mixed precision of training (fp32 trains fastest on a CPU without bf16 units).")
 @click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs (ranks) per trial.")
 @click.option("--batch-sizes", callback=_positive_ints, default=None,
               help="Comma-separated micro-batches to run instead of the automatic ladder.")
@@ -82,7 +84,8 @@ def _targets(_ctx, _param, value: str) -> tuple[str, ...]:
 @click.pass_context
 def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path | None, machine: str | None,
             seq_lens: tuple[int, ...], zero_stages: tuple[int, ...], offload: str, liger: str,
-            gradient_checkpointing: str, lora_ranks: tuple[int, ...], lora_targets: tuple[str, ...], gpus: int,
+            gradient_checkpointing: str, lora_ranks: tuple[int, ...], lora_targets: tuple[str, ...], precision: str,
+            gpus: int,
             batch_sizes: tuple[int, ...] | None, max_batch: int | None, steps: int, warmup_steps: int,
             timeout: float, alloc_conf: str, log_dir: Path | None) -> None:
     """Run short real fine-tunes of every combination of the options, at a ladder of batch sizes.
@@ -91,7 +94,7 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
     and re-running the same command skips what is already recorded.
     """
     settings = expand_settings(models, seq_lens, zero_stages, _switch(offload), _switch(liger),
-                               _switch(gradient_checkpointing), lora_ranks, lora_targets, gpus, alloc_conf)
+                               _switch(gradient_checkpointing), lora_ranks, lora_targets, precision, gpus, alloc_conf)
     machine = machine or socket.gethostname()
     plan = CalibrationPlan(out=out or Path("calibrations") / f"{machine}.jsonl", device=device, steps=steps,
                            warmup_steps=warmup_steps, timeout=timeout,
@@ -105,7 +108,7 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
 
 
 def expand_settings(models, seq_lens, zero_stages, offloads, ligers, checkpointings, lora_ranks, lora_targets,
-                    gpus, alloc_conf) -> list[Setting]:
+                    precision, gpus, alloc_conf) -> list[Setting]:
     """The cartesian product of the options; offload is only combined with ZeRO stages that support it."""
     if offloads == (True,) and 0 in zero_stages:
         raise FtplanError("--offload on needs DeepSpeed ZeRO: use --zero-stage 1-3 (or --offload both)")
@@ -123,7 +126,7 @@ def expand_settings(models, seq_lens, zero_stages, offloads, ligers, checkpointi
         settings.append(Setting(model=model, seq_len=seq_len, zero_stage=zero, offload_optimizer=off, liger=lig,
                                 gradient_checkpointing=gc, lora_rank=rank,
                                 lora_targets=lora_targets if rank else ALL_LINEAR_TARGETS,
-                                gpus=gpus, alloc_conf=alloc_conf))
+                                precision=precision, gpus=gpus, alloc_conf=alloc_conf))
     return list(dict.fromkeys(settings))
 
 
