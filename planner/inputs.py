@@ -17,7 +17,8 @@ from calibration.settings import Setting
 from models.errors import FtplanError
 from models.hardware import GIB, GpuSpec, find_gpu, load_catalog
 from models.paths import calibrations_dir
-from planner.search import DEFAULT_CONTEXT_RESERVE_GIB, DEFAULT_SAFETY_MARGIN, MemoryBudget
+from models.safe_batch import DEFAULT_CONTEXT_RESERVE_GIB, MemoryBudget
+from planner.search import DEFAULT_SAFETY_MARGIN
 
 
 def gpu_options(command: Callable) -> Callable:

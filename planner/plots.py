@@ -14,7 +14,8 @@ from pathlib import Path
 from calibration.settings import Setting
 from models.hardware import GIB, GpuSpec
 from planner.eta import estimate_eta
-from planner.search import MemoryBudget, Predictor, largest_safe_batch
+from models.safe_batch import MemoryBudget
+from planner.search import Predictor, safe_prediction
 
 MEMORY_PNG = "memory_vs_batch.png"
 TIME_PNG = "seconds_per_step_vs_batch.png"
@@ -53,7 +54,7 @@ def collect_curves(records: list[dict], predictor: Predictor, gpus: dict[str, Gp
             continue
         gpu, budget = gpus[gpu_name], budgets[gpu_name]
         ooms = sorted(r["micro_batch"] for r in group if r["status"] == "oom")
-        best = largest_safe_batch(lambda b: predictor.predict(setting, b, gpu), budget)
+        best = safe_prediction(lambda b: predictor.predict(setting, b, gpu), budget)
         safe = best.micro_batch if best else 0
         top = max([r["micro_batch"] for r in ok] + ooms + [safe])
         batches = list(range(1, math.ceil(top * 1.25) + 1))

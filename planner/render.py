@@ -9,7 +9,8 @@ from models.hardware import GIB, GpuSpec
 from models.prediction import Estimate, Prediction
 from planner import advice
 from planner.eta import Eta, format_duration
-from planner.search import MemoryBudget, Plan, SetupPlan
+from models.safe_batch import MemoryBudget
+from planner.search import Plan, SetupPlan
 
 SOURCE_STYLE = {"calibrated": "green", "extrapolated": "yellow", "prior": "red"}
 

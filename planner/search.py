@@ -1,11 +1,8 @@
 """Enumerate setups, find each one's largest safe micro-batch, and rank them by time or cost.
 
-"Safe" is the definition of models/fit.py's largest_safe_batch, which the accuracy benchmark scores:
-the predictor's *upper* bound on per-GPU peak reserved memory stays within capacity·(1 − margin),
-and the batch stays below any batch observed at the allocator wall or out of memory. A fixed
-CUDA-context reserve (torch's reserved bytes omit the context) can be taken off on top; it is 0 by
-default, so the default budget is exactly the benchmark's. Memory grows with batch, so a
-doubling-then-bisection search needs about 2·log2(batch) predictions per setup.
+"Safe" is models/safe_batch.py's rule, the one the accuracy benchmark scores: the predictor's
+*upper* bound on per-GPU peak reserved memory stays within the budget, and the batch stays below any
+batch observed at the allocator wall or out of memory.
 """
 
 from __future__ import annotations
@@ -17,92 +14,57 @@ from typing import Protocol
 
 from calibration.settings import Setting
 from models.errors import FtplanError
-from models.fit import MAX_BATCH, SAFETY_MARGIN
+from models.fit import MAX_BATCH, SAFETY_MARGIN, TIME_FLOOR
 from models.hardware import GIB, GpuSpec
-from models.prediction import Prediction
+from models.prediction import SOURCE_CALIBRATED, SOURCE_EXTRAPOLATED, Prediction
+from models.safe_batch import MemoryBudget, is_safe, largest_safe_batch
 from planner.eta import Eta, estimate_eta
 
 TRAINING_KINDS = ("any", "full", "lora")
 RANK_BY = ("time", "cost")
 DEFAULT_LORA_RANKS = (16, 64)
 DEFAULT_SAFETY_MARGIN = SAFETY_MARGIN
-DEFAULT_CONTEXT_RESERVE_GIB = 0.0
 MAX_SEARCH_BATCH = MAX_BATCH
+# Setups whose time (or cost) lies within the time fit's own floor of relative uncertainty of the
+# best are a tie the numbers cannot break; the recommendation then goes to the best-measured one.
+NEAR_TIE = TIME_FLOOR
+TRUST = {SOURCE_CALIBRATED: 0, SOURCE_EXTRAPOLATED: 1}  # anything else (the prior) ranks after these
 
 
 class Predictor(Protocol):
     def predict(self, setting: Setting, micro_batch: int, gpu: GpuSpec) -> Prediction: ...
 
 
-@dataclass(frozen=True)
-class MemoryBudget:
-    """How much of a card a plan may use: capacity·(1 − margin) − context reserve."""
-
-    capacity_bytes: int
-    safety_margin: float = DEFAULT_SAFETY_MARGIN
-    context_reserve_bytes: int = int(DEFAULT_CONTEXT_RESERVE_GIB * GIB)
-    capacity_source: str = "catalog"
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.safety_margin < 1:
-            raise FtplanError(f"safety margin must be in [0, 1), got {self.safety_margin}")
-        if self.context_reserve_bytes < 0:
-            raise FtplanError(f"CUDA-context reserve must be >= 0, got {self.context_reserve_bytes / GIB:g} GiB")
-        if self.usable_bytes <= 0:
-            raise FtplanError(f"no usable memory: {self.describe()}")
-
-    @property
-    def usable_bytes(self) -> int:
-        return int(self.capacity_bytes * (1 - self.safety_margin) - self.context_reserve_bytes)
-
-    def describe(self) -> str:
-        text = (f"usable {self.usable_bytes / GIB:.1f} GiB = {self.capacity_bytes / GIB:.1f} GiB "
-                f"({self.capacity_source}) × "
-                f"(1 − {self.safety_margin:.0%} safety margin)")
-        if self.context_reserve_bytes:
-            text += f" − {self.context_reserve_bytes / GIB:g} GiB CUDA-context reserve"
-        return text
+def fits_budget(prediction: Prediction, budget: MemoryBudget) -> bool:
+    """models.safe_batch's rule applied to one prediction."""
+    return is_safe(prediction.micro_batch, prediction.peak_reserved.upper, budget, prediction.wall_batch)
 
 
-def is_safe(prediction: Prediction, budget: MemoryBudget) -> bool:
-    below_wall = prediction.wall_batch is None or prediction.micro_batch < prediction.wall_batch
-    return below_wall and prediction.peak_reserved.upper <= budget.usable_bytes
+def safe_prediction(predict: Callable[[int], Prediction], budget: MemoryBudget,
+                    max_batch: int = MAX_SEARCH_BATCH) -> Prediction | None:
+    """The prediction at the largest safe micro-batch ≤ max_batch, or None when batch 1 is unsafe.
 
-
-def largest_safe_batch(predict: Callable[[int], Prediction], budget: MemoryBudget,
-                       max_batch: int = MAX_SEARCH_BATCH) -> Prediction | None:
-    """The prediction at the largest safe micro-batch ≤ max_batch, or None when batch 1 is unsafe."""
-    best = predict(1)
-    if not is_safe(best, budget):
-        return None
-    low, high = 1, None  # low is safe; high (when known) is unsafe
-    while high is None and low < max_batch:
-        trial = predict(min(2 * low, max_batch))
-        if is_safe(trial, budget):
-            low, best = trial.micro_batch, trial
-        else:
-            high = trial.micro_batch
-    while high is not None and high - low > 1:
-        trial = predict((low + high) // 2)
-        if is_safe(trial, budget):
-            low, best = trial.micro_batch, trial
-        else:
-            high = trial.micro_batch
-    return best
+    The wall (or OOM) batch a prediction carries belongs to its setting, not to the batch asked.
+    """
+    wall = predict(1).wall_batch
+    batch = largest_safe_batch(lambda b: predict(b).peak_reserved.upper, budget, wall, max_batch)
+    return predict(batch) if batch else None
 
 
 def enumerate_settings(base: Setting, lora_ranks: Iterable[int] = DEFAULT_LORA_RANKS,
                        extra: Iterable[Setting] = ()) -> list[Setting]:
     """Every setup of base's model, sequence length and GPUs: ZeRO stage × offload × Liger × LoRA/full × checkpointing.
 
-    On one GPU, ZeRO without offload partitions nothing, so it is left out unless calibrated (extra).
+    On one GPU ZeRO partitions nothing: only ZeRO-2 with optimizer offload differs from plain training
+    (ZeRO-3 + offload would add parameter gathering for the same memory), so the others are left out
+    unless calibrated (extra).
     """
     ranks = (0, *lora_ranks)
     if any(r <= 0 for r in ranks[1:]):
         raise FtplanError(f"LoRA ranks must be positive, got {list(lora_ranks)}")
-    zero = [(0, False), (2, True), (3, True)]
+    zero = [(0, False), (2, True)]
     if base.world_size > 1:
-        zero += [(2, False), (3, False)]
+        zero += [(3, True), (2, False), (3, False)]
     settings = [base.with_(zero_stage=stage, offload_optimizer=offload, liger=liger, lora_rank=rank,
                            gradient_checkpointing=checkpointing)
                 for (stage, offload), liger, rank, checkpointing
@@ -186,10 +148,25 @@ class Plan:
     unfit: list[SetupPlan] = field(default_factory=list)
 
     @property
-    def recommended(self) -> SetupPlan | None:
-        """The best setup of the user's training choice (full, LoRA, or either)."""
+    def candidates(self) -> list[SetupPlan]:
+        """Ranked setups of the user's training choice (full, LoRA, or either)."""
         wanted = self.request.training
-        return next((s for s in self.ranked if wanted == "any" or s.training == wanted), None)
+        return [s for s in self.ranked if wanted == "any" or s.training == wanted]
+
+    @property
+    def recommended(self) -> SetupPlan | None:
+        """The best of the candidates; among those within NEAR_TIE of it, the best-measured (then the first)."""
+        candidates = self.candidates
+        if not candidates:
+            return None
+        score = (lambda s: s.eta.cost) if self.request.by == "cost" else (lambda s: s.eta.total_seconds)
+        tied = [s for s in candidates if score(s) <= score(candidates[0]) * (1 + NEAR_TIE)]
+        return min(tied, key=lambda s: TRUST.get(s.best.source, len(TRUST)))
+
+    @property
+    def fastest(self) -> SetupPlan | None:
+        """The top-ranked candidate, which the recommendation passes over only for a better-measured near tie."""
+        return next(iter(self.candidates), None)
 
 
 def plan_setup(predictor: Predictor, setting: Setting, request: PlanRequest) -> SetupPlan:
@@ -200,7 +177,7 @@ def plan_setup(predictor: Predictor, setting: Setting, request: PlanRequest) -> 
     # A per-GPU batch beyond the samples each GPU sees in one epoch only pads the last step.
     max_batch = min(MAX_SEARCH_BATCH, -(-request.dataset_size // setting.world_size))
     at_one = predict(1)
-    best = largest_safe_batch(predict, request.budget, max_batch)
+    best = safe_prediction(predict, request.budget, max_batch)
     if best is None:
         return SetupPlan(setting, at_one)
     eta = estimate_eta(best.seconds_per_step.mean, request.dataset_size, request.epochs, best.micro_batch,

@@ -10,7 +10,8 @@ from calibration.settings import Setting
 from models.errors import FtplanError
 from models.hardware import GpuSpec
 from planner.emit import DS_CONFIG, README, TRAINING_ARGS, write_configs
-from planner.search import MemoryBudget, PlanRequest, plan_setup
+from models.safe_batch import MemoryBudget
+from planner.search import PlanRequest, plan_setup
 from plan_fakes import FakePredictor, run_ftplan, write_external_jsonl
 
 GPU = GpuSpec("TEST-80", 80, 100, 1000)

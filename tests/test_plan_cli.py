@@ -77,7 +77,8 @@ def test_the_whole_setup_search_takes_well_under_a_few_seconds(external):
     from calibration.settings import Setting
     from models.hardware import find_gpu
     from models.predictor import Predictor
-    from planner.search import MemoryBudget, PlanRequest, make_plan
+    from models.safe_batch import MemoryBudget
+    from planner.search import PlanRequest, make_plan
 
     predictor, gpu = Predictor.from_records(read_records([external])), find_gpu("RTX-3090")
     request = PlanRequest(base=Setting(model="qwen1.5-0.5b"), dataset_size=19692, epochs=1, gpu=gpu,
@@ -90,22 +91,3 @@ def test_the_whole_setup_search_takes_well_under_a_few_seconds(external):
 def test_plan_module_import_does_not_import_torch():
     probe = "import sys, planner.cli, planner.search, planner.plots, planner.emit; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "False"
-
-
-def test_largest_safe_batch_is_the_accuracy_benchmarks_definition(external):
-    """The planner searches the Predictor; on calibrated settings it must land where models.fit's rule does."""
-    from calibration.records import read_records
-    from models.fit import largest_safe_batch as benchmark_rule
-    from models.fitset import fit_records
-    from models.hardware import find_gpu
-    from models.predictor import Predictor
-    from planner.search import MemoryBudget, largest_safe_batch
-
-    records = read_records([external])
-    predictor, fits = Predictor.from_records(records), fit_records(records).fits
-    assert fits
-    for fit in fits:
-        gpu = find_gpu(fit.gpu_name)
-        setting = fit.setting_at(fit.seq_lens[0])
-        found = largest_safe_batch(lambda b: predictor.predict(setting, b, gpu), MemoryBudget(fit.capacity_bytes))
-        assert (found.micro_batch if found else 0) == benchmark_rule(fit, setting.seq_len, fit.capacity_bytes), fit.label

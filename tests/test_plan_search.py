@@ -12,7 +12,8 @@ from calibration.settings import Setting
 from models.errors import FtplanError
 from models.hardware import GIB, GpuSpec
 from models.prediction import Estimate, Prediction
-from planner.search import MemoryBudget, PlanRequest, enumerate_settings, largest_safe_batch, make_plan
+from models.safe_batch import MemoryBudget
+from planner.search import PlanRequest, enumerate_settings, make_plan, safe_prediction
 from plan_fakes import FakePredictor
 
 GPU = GpuSpec("TEST-80", 80, 100, 1000)
@@ -35,19 +36,19 @@ def test_bisection_finds_the_same_batch_as_a_linear_scan(static, per_sample, wal
     predict = _linear(static, per_sample, wall)
     safe = [b for b in range(1, max_batch + 1)
             if predict(b).peak_reserved.upper <= budget.usable_bytes and (wall is None or b < wall)]
-    found = largest_safe_batch(predict, budget, max_batch)
+    found = safe_prediction(predict, budget, max_batch)
     assert (found.micro_batch if found else 0) == max(safe, default=0)
 
 
 def test_search_needs_few_predictions():
     calls = []
     predict = _linear(10, 0.05)
-    largest_safe_batch(lambda b: calls.append(b) or predict(b), MemoryBudget(GPU.memory_bytes), 4096)
-    assert len(calls) <= 2 * math.ceil(math.log2(4096)) + 2
+    safe_prediction(lambda b: calls.append(b) or predict(b), MemoryBudget(GPU.memory_bytes), 4096)
+    assert len(set(calls)) <= 2 * math.ceil(math.log2(4096)) + 2
 
 
 def test_no_batch_at_or_above_the_wall_even_with_room_to_spare():
-    found = largest_safe_batch(_linear(1, 0.1, wall=14), MemoryBudget(GPU.memory_bytes))
+    found = safe_prediction(_linear(1, 0.1, wall=14), MemoryBudget(GPU.memory_bytes))
     assert found.micro_batch == 13
 
 
@@ -57,16 +58,17 @@ def test_budget_subtracts_margin_and_context_reserve():
     assert "93.0 GiB" in budget.describe() and "5%" in budget.describe() and "2 GiB" in budget.describe()
 
 
-def test_single_gpu_enumeration_keeps_offload_only_with_zero_and_drops_zero_without_offload():
+def test_single_gpu_enumeration_keeps_zero_only_as_zero2_with_offload():
     settings_ = enumerate_settings(BASE)
-    assert len(settings_) == 3 * 2 * 3 * 2  # (ddp, zero2+offload, zero3+offload) × liger × (full, r16, r64) × gc
-    assert all(s.zero_stage == 0 or s.offload_optimizer for s in settings_)
+    assert len(settings_) == 2 * 2 * 3 * 2  # (ddp, zero2+offload) × liger × (full, r16, r64) × gc
+    assert all(s.zero_stage == 0 or (s.zero_stage == 2 and s.offload_optimizer) for s in settings_)
     assert {s.lora_rank for s in settings_} == {0, 16, 64}
 
 
-def test_multi_gpu_enumeration_adds_zero_without_offload():
+def test_multi_gpu_enumeration_adds_zero3_and_zero_without_offload():
     settings_ = enumerate_settings(BASE.with_(gpus=8))
-    assert any(s.zero_stage == 3 and not s.offload_optimizer for s in settings_)
+    assert {(s.zero_stage, s.offload_optimizer) for s in settings_} == {(0, False), (2, True), (3, True), (2, False),
+                                                                        (3, False)}
     assert all(s.gpus == 8 for s in settings_)
 
 

@@ -25,7 +25,7 @@ def test_curves_show_the_planners_largest_safe_batch_under_the_cards_limit(tmp_p
     from models.hardware import find_gpu
     from models.predictor import Predictor
     from planner.plots import collect_curves
-    from planner.search import MemoryBudget
+    from models.safe_batch import MemoryBudget
 
     records = read_records([write_external_jsonl(tmp_path / "external.jsonl")])
     gpu = find_gpu("RTX-3090")

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from calibration.ladder import LadderStep
-from calibration.runner import CalibrationPlan, calibrate
+from calibration.runner import CalibrationPlan, CalibrationProgress, calibrate
 from calibration.settings import PRECISIONS, Setting
 from models.architecture import ALL_LINEAR_TARGETS, load_architecture
 from models.errors import FtplanError
@@ -156,7 +156,7 @@ def _sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
-class RichProgress:
+class RichProgress(CalibrationProgress):
     """Draws trial i of n, the current setting and batch, elapsed time, and one line per result."""
 
     def __init__(self, console: Console) -> None:

@@ -12,7 +12,7 @@ from planner.commands.options import setting_from_options, setting_options
 from planner.eta import estimate_eta
 from planner.inputs import budget_options, calibrations_option, gpu_options, load_evidence
 from planner.render import eta_lines, eta_to_dict, prediction_to_dict
-from planner.search import is_safe
+from planner.search import fits_budget
 
 
 @click.command("eta")
@@ -43,7 +43,7 @@ def command(batch_size: int, dataset_size: int, epochs: float, price_per_hour: f
     prediction = evidence.predictor.predict(setting, batch_size, gpu)
     eta = estimate_eta(prediction.seconds_per_step.mean, dataset_size, epochs, batch_size, setting.world_size,
                        price_per_hour)
-    fits = is_safe(prediction, budget)
+    fits = fits_budget(prediction, budget)
     if as_json:
         click.echo(json.dumps({"setting": setting.to_dict(), "gpu": gpu.name, "fits": fits,
                                "usable_gib": budget.usable_bytes / (1 << 30), "eta": eta_to_dict(eta),

@@ -1,0 +1,50 @@
+"""One rule for the largest safe batch: the planner's search and the accuracy benchmark's answer agree."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from calibration.records import read_records
+from models.fit import largest_safe_batch as fit_rule
+from models.fitset import fit_records
+from models.hardware import find_gpu
+from models.paths import calibrations_dir
+from models.predictor import Predictor
+from models.safe_batch import MemoryBudget, fit_largest_safe_batch, largest_safe_batch
+from planner.search import safe_prediction
+
+
+@pytest.fixture(scope="module")
+def h200_records():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return read_records([calibrations_dir() / "h200.jsonl"])
+
+
+def test_planner_search_over_the_predictor_lands_on_the_fits_own_safe_batch(h200_records):
+    predictor, fits = Predictor.from_records(h200_records), fit_records(h200_records).fits
+    assert len(fits) >= 5
+    for fit in fits:
+        gpu, budget = find_gpu(fit.gpu_name), MemoryBudget(fit.capacity_bytes)
+        for seq in fit.seq_lens:
+            setting = fit.setting_at(seq)
+            found = safe_prediction(lambda b: predictor.predict(setting, b, gpu), budget)
+            expected = fit_largest_safe_batch(fit, seq, budget)
+            assert (found.micro_batch if found else 0) == expected, fit.label
+            assert expected == fit_rule(fit, seq, fit.capacity_bytes), fit.label  # until models.fit delegates here
+
+
+def test_a_batch_seen_out_of_memory_bounds_the_safe_batch_even_when_the_fit_says_it_fits(h200_records):
+    # llama-3-8b LoRA r16 ran batch 7 and ran out of memory at 8 on the H200
+    lora16 = next(f for f in fit_records(h200_records).fits
+                  if f.setting["model"] == "llama-3-8b" and f.setting["lora_rank"] == 16)
+    roomy = MemoryBudget(10 * lora16.capacity_bytes)
+    assert fit_largest_safe_batch(lora16, 2048, roomy) == lora16.observed_limit(2048) - 1
+
+
+def test_nothing_fits_is_zero_and_max_batch_caps_the_answer():
+    budget = MemoryBudget(100)
+    assert largest_safe_batch(lambda b: 200.0, budget) == 0
+    assert largest_safe_batch(lambda b: 1.0, budget, max_batch=37) == 37
