@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from benchmarks.external import DEFAULT_DIR, load_external  # noqa: E402
 from calibration.records import read_records  # noqa: E402
 from models.errors import FtplanError  # noqa: E402
-from models.fit import SAFETY_MARGIN, fit_setting, group_records, largest_safe_batch  # noqa: E402
+from models.fit import (SAFETY_MARGIN, compute_rate_for, fit_setting, group_records, ladder_slopes,  # noqa: E402
+                        largest_safe_batch, setting_without_seq_len)
 from models.paths import calibrations_dir  # noqa: E402
 from models.wall import reserved_capped, wall_batches  # noqa: E402
 
@@ -42,12 +43,16 @@ def evaluate(records: list[dict]) -> dict:
     rows = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for group in group_records(records):
+        groups = group_records(records)
+        slopes = [ladder_slopes(group) for group in groups]
+        for group in groups:
+            rate = compute_rate_for(str(group[0].get("gpu_name")), [
+                s for other, found in zip(groups, slopes) if not _same_workload(other, group) for s in found])
             seq_lens = sorted({r["seq_len"] for r in group if r["status"] == "ok"})
             for seq in seq_lens:
-                rows.extend(_larger_batches(group, seq))
+                rows.extend(_larger_batches(group, seq, rate))
             if len(seq_lens) >= MIN_SEQ_LENS_FOR_HOLDOUT:
-                rows.extend(_left_out_seq_len(group, seq) for seq in seq_lens)
+                rows.extend(_left_out_seq_len(group, seq, rate) for seq in seq_lens)
     rows = [row for row in rows if row]
     batch_rows = [r for r in rows if r["kind"] == "larger batches"]
     seq_rows = [r for r in rows if r["kind"] == "left-out seq_len"]
@@ -55,7 +60,15 @@ def evaluate(records: list[dict]) -> dict:
                                        if not k.startswith("max_batch")}, "settings": rows}
 
 
-def _larger_batches(group: list[dict], seq: int) -> list[dict]:
+def _same_workload(a: list[dict], b: list[dict]) -> bool:
+    """Same setting, whatever the allocator configuration or GPU: its step time is not evidence
+    about itself, so its ladders never teach the compute rate used to predict it."""
+    def workload(group: list[dict]) -> dict:
+        return {**setting_without_seq_len(group[0]), "alloc_conf": ""}
+    return workload(a) == workload(b)
+
+
+def _larger_batches(group: list[dict], seq: int, rate) -> list[dict]:
     ok = sorted((r for r in group if r["status"] == "ok" and r["seq_len"] == seq), key=lambda r: r["micro_batch"])
     if len(ok) < MIN_OK_POINTS:
         return []
@@ -63,7 +76,7 @@ def _larger_batches(group: list[dict], seq: int) -> list[dict]:
     train = ok[:TRAIN_POINTS]
     test = [r for r in ok[TRAIN_POINTS:] if r["micro_batch"] not in walls]
     try:
-        fit = fit_setting(train)
+        fit = fit_setting(train, rate)
     except FtplanError:
         return []
     row = _errors(fit, test, "larger batches", seq)
@@ -72,12 +85,12 @@ def _larger_batches(group: list[dict], seq: int) -> list[dict]:
     return [row]
 
 
-def _left_out_seq_len(group: list[dict], seq: int) -> dict | None:
+def _left_out_seq_len(group: list[dict], seq: int, rate) -> dict | None:
     train = [r for r in group if r["seq_len"] != seq]
     ok = [r for r in group if r["status"] == "ok" and r["seq_len"] == seq]
     walls = set(wall_batches(ok))
     try:
-        fit = fit_setting(train)
+        fit = fit_setting(train, rate)
     except FtplanError:
         return None
     row = _errors(fit, [r for r in ok if r["micro_batch"] not in walls], "left-out seq_len", seq)

@@ -99,6 +99,21 @@ def fit_convex_curve(batch, seq_len, y, floor_fraction: float) -> Curve:
     return _finish(lines, seq_ref, x, y, floor_fraction)
 
 
+def with_line_below_points(curve: Curve, slopes: tuple[float, ...], batch, seq_len, y) -> Curve:
+    """The curve plus a line of given slopes, raised until it touches the points from below.
+
+    Why: the slope that large batches will follow can be known from elsewhere (the compute rate
+    learnt from other settings) while this setting's own points sit on a launch-bound floor. A line
+    that stays at or below every point cannot worsen the fit where it was measured; beyond it, the
+    maximum keeps whichever slope is steeper, since the curve is convex.
+    """
+    batch, seq_len, y = (np.asarray(v, float) for v in (batch, seq_len, y))
+    x = curve.features(batch, seq_len)
+    slopes = tuple(max(0.0, float(s)) for s in slopes)
+    line = Line(float(np.min(y - x @ np.asarray(slopes))), slopes)
+    return _finish(tuple(dict.fromkeys((*curve.lines, line))), curve.seq_ref, x, y, curve.floor_fraction)
+
+
 def best_knot(batch: np.ndarray, y: np.ndarray) -> float | None:
     """The batch where the large-batch line takes over, or None when one line explains the points.
 

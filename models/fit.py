@@ -13,10 +13,14 @@ import statistics
 import warnings
 from dataclasses import dataclass
 
+import numpy as np
+
 from calibration.settings import Setting
-from models.curve import Curve, fit_convex_curve
+from models.curve import Curve, fit_convex_curve, with_line_below_points
 from models.errors import FtplanError
+from models.hardware import find_gpu
 from models.prediction import Estimate
+from models.prior import ComputeRate, LadderSlope, cached_architecture, fit_compute_rate
 from models.wall import reserved_capped, wall_batches
 
 # Relative floors of the upper prediction bound, for fits whose few points leave residuals near zero.
@@ -70,6 +74,7 @@ class SettingFit:
     time: Curve
     walls: tuple[tuple[int, int], ...]  # (seq_len, batch) at the allocator wall
     records: tuple[dict, ...]
+    compute_rate: ComputeRate | None = None  # learnt from other settings; sets the large-batch time slope
 
     def setting_at(self, seq_len: int) -> Setting:
         return Setting.from_dict({**self.setting, "seq_len": seq_len})
@@ -136,6 +141,7 @@ class SettingFit:
         return {"setting": self.setting, "gpu_name": self.gpu_name, "capacity_bytes": self.capacity_bytes,
                 "peak_allocated": self.allocated.to_json(), "reserved_overhead": self.overhead.to_json(),
                 "seconds_per_step": self.time.to_json(), "walls": [list(w) for w in self.walls],
+                "compute_rate": self.compute_rate.to_json() if self.compute_rate else None,
                 "records": list(self.records)}
 
     @classmethod
@@ -144,7 +150,8 @@ class SettingFit:
                    allocated=Curve.from_json(data["peak_allocated"]),
                    overhead=Overhead.from_json(data["reserved_overhead"]),
                    time=Curve.from_json(data["seconds_per_step"]),
-                   walls=tuple((int(s), int(b)) for s, b in data["walls"]), records=tuple(data["records"]))
+                   walls=tuple((int(s), int(b)) for s, b in data["walls"]), records=tuple(data["records"]),
+                   compute_rate=ComputeRate.from_json(data["compute_rate"]))
 
 
 def setting_without_seq_len(data: dict) -> dict:
@@ -159,15 +166,16 @@ def group_key(record: dict) -> tuple[str, str]:
     return json.dumps(setting_without_seq_len(record), sort_keys=True), str(record.get("gpu_name"))
 
 
-def fit_setting(records: list[dict]) -> SettingFit:
-    """Fit one group's ok/oom records; FtplanError when fewer than two healthy batch sizes exist."""
+def fit_setting(records: list[dict], compute_rate: ComputeRate | None = None) -> SettingFit:
+    """Fit one group's ok/oom records; FtplanError when fewer than two healthy batch sizes exist.
+
+    With a compute rate (learnt from other settings), step time also follows the physical per-sample
+    cost beyond the calibrated batches, which launch-bound small batches cannot show.
+    """
     records = [r for r in records if r["status"] in ("ok", "oom")]
     first = records[0]
     label = f"{Setting.from_dict(first).label()} on {first.get('gpu_name')}"
-    ok = [r for r in records if r["status"] == "ok" and r.get("peak_allocated_bytes")]
-    walls = tuple(sorted((seq, batch) for seq in {r["seq_len"] for r in ok}
-                         for batch in wall_batches([r for r in ok if r["seq_len"] == seq])))
-    healthy = [r for r in ok if (r["seq_len"], r["micro_batch"]) not in walls]
+    healthy, walls = _healthy(records)
     if len({(r["seq_len"], r["micro_batch"]) for r in healthy}) < 2:
         raise FtplanError(f"{label}: fewer than two healthy batch sizes measured, nothing to fit")
     allocated = fit_convex_curve(*_columns(healthy, "peak_allocated_bytes"), ALLOCATED_FLOOR)
@@ -175,10 +183,71 @@ def fit_setting(records: list[dict]) -> SettingFit:
     if len({r["micro_batch"] for r in timed}) < 2:
         raise FtplanError(f"{label}: fewer than two timed batch sizes measured, nothing to fit")
     time = fit_convex_curve(*_columns(timed, "seconds_per_step"), TIME_FLOOR)
+    slopes = _compute_slopes(time, first, compute_rate) if compute_rate else None
+    if slopes:
+        time = with_line_below_points(time, slopes, *_columns(timed, "seconds_per_step"))
     capacity = max((r.get("gpu_memory_total_bytes") or 0 for r in records), default=0) or None
     return SettingFit(setting=setting_without_seq_len(first), gpu_name=str(first.get("gpu_name")), capacity_bytes=capacity,
                       allocated=allocated, overhead=Overhead.fit(healthy), time=time, walls=walls,
-                      records=tuple(records))
+                      records=tuple(records), compute_rate=compute_rate if slopes else None)
+
+
+def _healthy(records: list[dict]) -> tuple[list[dict], tuple[tuple[int, int], ...]]:
+    """The ok records below the allocator wall, and the (seq_len, batch) points found at it."""
+    ok = [r for r in records if r["status"] == "ok" and r.get("peak_allocated_bytes")]
+    walls = tuple(sorted((seq, batch) for seq in {r["seq_len"] for r in ok}
+                         for batch in wall_batches([r for r in ok if r["seq_len"] == seq])))
+    return [r for r in ok if (r["seq_len"], r["micro_batch"]) not in walls], walls
+
+
+def _compute_slopes(time: Curve, record: dict, rate: ComputeRate) -> tuple[float, ...] | None:
+    """The compute rate's seconds per sample as slopes on the time curve's features; None for an
+    unknown GPU or architecture. Per-sample cost is a·seq + c·seq² (attention), which is exactly
+    the curve's (batch·seq/ref, batch·(seq/ref)²) form when several lengths were calibrated."""
+    try:
+        arch, gpu = cached_architecture(record["model"]), find_gpu(str(record.get("gpu_name")))
+    except FtplanError:
+        return None
+    setting = Setting.from_dict(record)
+
+    def per_sample(seq: int) -> float:
+        return rate.seconds_per_sample(arch, setting.with_(seq_len=seq), gpu)
+
+    if time.seq_ref is None:
+        return (per_sample(setting.seq_len),)
+    lengths = np.array([time.seq_ref, time.seq_ref // 2], float)
+    ratios = lengths / time.seq_ref
+    linear, quadratic = np.linalg.solve(np.column_stack([ratios, ratios**2]),
+                                        [per_sample(int(s)) for s in lengths])
+    return float(linear), float(quadratic)
+
+
+def ladder_slopes(records: list[dict]) -> list[LadderSlope]:
+    """Seconds per extra sample at the top of each sequence length's healthy ladder in one group
+    (the steepest line of its convex fit); CPU runs and unknown GPUs or architectures give none."""
+    healthy, _ = _healthy(records)
+    slopes = []
+    for seq in sorted({r["seq_len"] for r in healthy}):
+        timed = [r for r in healthy if r["seq_len"] == seq and r.get("seconds_per_step") and r.get("device") != "cpu"]
+        if len({r["micro_batch"] for r in timed}) < 2:
+            continue
+        try:
+            arch, gpu = cached_architecture(timed[0]["model"]), find_gpu(str(timed[0].get("gpu_name")))
+        except FtplanError:
+            continue
+        curve = fit_convex_curve(*_columns(timed, "seconds_per_step"), TIME_FLOOR)
+        slopes.append(LadderSlope(arch, Setting.from_dict(timed[0]), gpu, max(line.slopes[0] for line in curve.lines)))
+    return slopes
+
+
+def compute_rate_for(gpu_name: str, others: list[LadderSlope]) -> ComputeRate | None:
+    """The compute rate of other settings' ladders: those on this GPU type, else (MFU being relative
+    to each card's peak) those on any GPU."""
+    try:
+        gpu = find_gpu(gpu_name)
+    except FtplanError:
+        return None
+    return fit_compute_rate([s for s in others if s.gpu == gpu] or others)
 
 
 def _columns(records: list[dict], key: str) -> tuple[list[int], list[int], list[float]]:
@@ -223,11 +292,15 @@ def group_records(records: list[dict]) -> list[list[dict]]:
 
 
 def fit_groups(records: list[dict]) -> list[SettingFit]:
-    """One fit per (setting without seq_len, GPU); groups that cannot be fitted are skipped with a warning."""
+    """One fit per (setting without seq_len, GPU), each with the compute rate of all the *other*
+    groups' ladders; groups that cannot be fitted are skipped with a warning."""
+    groups = group_records(records)
+    slopes = [ladder_slopes(group) for group in groups]
     fits = []
-    for group in group_records(records):
+    for index, group in enumerate(groups):
+        others = [s for other, found in enumerate(slopes) if other != index for s in found]
         try:
-            fits.append(fit_setting(group))
+            fits.append(fit_setting(group, compute_rate_for(str(group[0].get("gpu_name")), others)))
         except FtplanError as exc:
             warnings.warn(f"{exc}; skipped", UserWarning, stacklevel=2)
     return fits

@@ -1,8 +1,9 @@
 """All fits of a set of calibration records, and their JSON file (fits.json).
 
-The file carries the records each fit came from and how it was made, so it can be audited and
-checked: loading refits every group from its own records and refuses a file whose numbers no
-longer match them (edited by hand, or written by a different fitting rule).
+The file carries the records each fit came from and how it was made (including the compute rate
+learnt from the other settings), so it can be audited and checked: loading refits every group from
+its own records and that rate, and refuses a file whose numbers no longer match them (edited by
+hand, or written by a different fitting rule).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from models.errors import FtplanError
 from models.fit import SettingFit, fit_groups, fit_setting, setting_without_seq_len
 
 FORMAT = "ftplan-fits"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: fits carry the compute rate their step-time slope came from
 REFIT_TOLERANCE = 1e-6  # relative: refits differ only by floating-point noise across library versions
 
 
@@ -83,7 +84,7 @@ def fit_records(records: list[dict]) -> FitSet:
 
 def _check_matches_records(fit: SettingFit) -> None:
     try:
-        refit = fit_setting(list(fit.records)).to_json()
+        refit = fit_setting(list(fit.records), fit.compute_rate).to_json()
     except (FtplanError, KeyError, TypeError, ValueError) as exc:
         raise FtplanError(f"records of the fit for {fit.gpu_name} cannot be refitted ({exc})") from None
     if not _close(refit, fit.to_json()):

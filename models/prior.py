@@ -116,6 +116,79 @@ def optimizer_seconds(arch: Architecture, setting: Setting, gpu: GpuSpec, cpu_ad
     return partition * ADAM_BYTES_TOUCHED_PER_PARAM / (gpu.memory_bandwidth_gbs * 1e9)
 
 
+def logit_elements_per_sample(arch: Architecture, setting: Setting) -> int:
+    """Logit entries one sample materialises: the unfused loss reads and writes them several times
+    in fp32 (upcast, log-softmax, their gradients), memory-bound traffic that FLOPs do not count.
+    Liger's fused linear cross-entropy never builds them."""
+    return 0 if setting.liger else setting.seq_len * arch.vocab
+
+
+@dataclass(frozen=True)
+class ComputeRate:
+    """What one more sample costs a compute-bound step: matmul FLOPs at an achieved share (MFU) of the
+    GPU's bf16 dense peak, plus the unfused loss's traffic over the GPU's memory bandwidth.
+
+    Learned from the large-batch slopes of calibrated ladders (`fit_compute_rate`), so it sees the
+    per-sample cost that a setting's own launch-bound small batches hide.
+    """
+
+    mfu: float
+    loss_bytes_per_logit: float
+    n_ladders: int
+
+    def seconds_per_sample(self, arch: Architecture, setting: Setting, gpu: GpuSpec) -> float:
+        flops = setting_terms(arch, setting).flops_per_sample / (gpu.bf16_dense_tflops * 1e12 * self.mfu)
+        traffic = logit_elements_per_sample(arch, setting) * self.loss_bytes_per_logit / (gpu.memory_bandwidth_gbs * 1e9)
+        return flops + traffic
+
+    def to_json(self) -> dict:
+        return {"mfu": self.mfu, "loss_bytes_per_logit": self.loss_bytes_per_logit, "n_ladders": self.n_ladders}
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> ComputeRate | None:
+        if data is None:
+            return None
+        return cls(float(data["mfu"]), float(data["loss_bytes_per_logit"]), int(data["n_ladders"]))
+
+
+@dataclass(frozen=True)
+class LadderSlope:
+    """Seconds per extra sample at the top of one calibrated ladder (one setting, length and GPU)."""
+
+    arch: Architecture
+    setting: Setting
+    gpu: GpuSpec
+    seconds_per_sample: float
+
+
+# Below this many ladders the loss traffic and the MFU cannot be told apart: MFU alone.
+MIN_LADDERS_FOR_LOSS_TRAFFIC = 3
+
+
+def fit_compute_rate(slopes: list[LadderSlope]) -> ComputeRate | None:
+    """MFU and loss traffic explaining the ladders' slopes, each ladder weighted by its relative error.
+
+    Both enter linearly (seconds = FLOPs/(peak·MFU) + logits·bytes/bandwidth), so a non-negative least
+    squares in (1/MFU, bytes) fits them; with few ladders, or no unfused loss among them, MFU alone.
+    """
+    slopes = [s for s in slopes if s.seconds_per_sample > 0]
+    if not slopes:
+        return None
+    flop_seconds = np.array([setting_terms(s.arch, s.setting).flops_per_sample / (s.gpu.bf16_dense_tflops * 1e12)
+                             for s in slopes])
+    logit_seconds = np.array([logit_elements_per_sample(s.arch, s.setting) / (s.gpu.memory_bandwidth_gbs * 1e9)
+                              for s in slopes])
+    measured = np.array([s.seconds_per_sample for s in slopes])
+    if len(slopes) >= MIN_LADDERS_FOR_LOSS_TRAFFIC and logit_seconds.any():
+        weight = 1 / measured
+        features = np.column_stack([flop_seconds, logit_seconds]) * weight[:, None]
+        inverse_mfu, loss_bytes = LinearRegression(fit_intercept=False, positive=True).fit(
+            features, measured * weight).coef_
+        if inverse_mfu > 0:
+            return ComputeRate(float(1 / inverse_mfu), float(loss_bytes), len(slopes))
+    return ComputeRate(float(np.median(flop_seconds / measured)), 0.0, len(slopes))
+
+
 @dataclass(frozen=True)
 class SettingTerms:
     """Everything of the prior that depends only on architecture and setting, computed once per setting."""
