@@ -14,7 +14,6 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from calibration.ladder import LadderStep, next_step, remaining_estimate
 from calibration.launcher import TrialOutcome, TrialSpec, run_trial
@@ -40,43 +39,48 @@ class CalibrationPlan:
     trial_command: tuple[str, ...] | None = None  # None: the real trial, calibration.launcher.TRIAL_COMMAND
 
 
-class Progress(Protocol):
-    """What the runner tells its caller; the CLI draws it with rich, a library caller may ignore it."""
+class CalibrationProgress:
+    """What the runner tells its caller; this base ignores it, the CLI draws it with rich."""
 
-    def trial_started(self, index: int, total: int, setting: Setting, batch: int) -> None: ...
-    def trial_finished(self, record: dict) -> None: ...
-    def setting_finished(self, setting: Setting, step: LadderStep) -> None: ...
+    def trial_started(self, index: int, total: int, setting: Setting, batch: int) -> None:
+        pass
+
+    def trial_finished(self, record: dict) -> None:
+        pass
+
+    def setting_finished(self, setting: Setting, step: LadderStep) -> None:
+        pass
 
 
-class _Silent:
-    def trial_started(self, index: int, total: int, setting: Setting, batch: int) -> None: ...
-    def trial_finished(self, record: dict) -> None: ...
-    def setting_finished(self, setting: Setting, step: LadderStep) -> None: ...
+def known_outcomes(path: Path, machine_id: str, device: str) -> dict[tuple[str, str], dict[int, str]]:
+    """(setting_key, arch_hash) -> {batch: ok|oom} measured earlier by a calibration of this machine and device.
 
-
-def known_outcomes(path: Path) -> dict[str, dict[int, str]]:
-    """setting_key -> {batch: ok|oom} from an earlier run; errors are not kept, so they are retried."""
-    outcomes: dict[str, dict[int, str]] = {}
+    Errors are left out, so they are retried; records of another machine, device or version of the
+    architecture (same setting key, different config) never count as done here.
+    """
+    outcomes: dict[tuple[str, str], dict[int, str]] = {}
     if Path(path).exists():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RecordWarning)
-            for record in iter_records(path):
-                if record["status"] in ("ok", "oom"):
-                    outcomes.setdefault(record["setting_key"], {})[record["micro_batch"]] = record["status"]
+            for r in iter_records(path):
+                if (r["status"] in ("ok", "oom") and r.get("source") == "calibrate"
+                        and r.get("machine_id") == machine_id and r.get("device") == device):
+                    outcomes.setdefault((r["setting_key"], r.get("arch_hash")), {})[r["micro_batch"]] = r["status"]
     return outcomes
 
 
-def calibrate(settings: Sequence[Setting], plan: CalibrationPlan, progress: Progress | None = None) -> list[dict]:
+def calibrate(settings: Sequence[Setting], plan: CalibrationPlan, progress: CalibrationProgress | None = None) -> list[dict]:
     """Run every setting's remaining trials; return the records written by this run."""
-    progress = progress or _Silent()
-    outcomes = known_outcomes(plan.out)
-    per_setting = [outcomes.setdefault(s.key(), {}) for s in settings]
+    progress = progress or CalibrationProgress()
+    outcomes = known_outcomes(plan.out, plan.machine_id, plan.device)
+    hashes = [load_architecture(s.model).hash for s in settings]
+    per_setting = [outcomes.setdefault((s.key(), h), {}) for s, h in zip(settings, hashes)]
     written: list[dict] = []
-    for setting, done in zip(settings, per_setting):
+    for setting, arch_hash, done in zip(settings, hashes, per_setting):
         while (step := next_step(done, plan.max_batch, plan.batch_sizes)).batch is not None:
             total = len(written) + sum(remaining_estimate(d, plan.max_batch, plan.batch_sizes) for d in per_setting)
             progress.trial_started(len(written) + 1, total, setting, step.batch)
-            record = _run_one(setting, step.batch, plan)
+            record = _run_one(setting, arch_hash, step.batch, plan)
             append_record(plan.out, record)
             written.append(record)
             done[step.batch] = record["status"]
@@ -85,14 +89,14 @@ def calibrate(settings: Sequence[Setting], plan: CalibrationPlan, progress: Prog
     return written
 
 
-def _run_one(setting: Setting, batch: int, plan: CalibrationPlan) -> dict:
+def _run_one(setting: Setting, arch_hash: str, batch: int, plan: CalibrationPlan) -> dict:
     spec = TrialSpec(setting, batch, plan.device, plan.steps, plan.warmup_steps)
     started = time.time()
     outcome = run_trial(spec, plan.timeout, plan.trial_command, plan.log_dir)
     return build_record(setting, batch, outcome.status, message=outcome.message,
                         timestamp=dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(timespec="seconds"),
                         source="calibrate", machine_id=plan.machine_id, device=plan.device,
-                        arch_hash=load_architecture(setting.model).hash, command=plan.command,
+                        arch_hash=arch_hash, command=plan.command,
                         trial_seconds=round(outcome.seconds, 3), **measurements(outcome, setting, batch))
 
 

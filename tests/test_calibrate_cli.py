@@ -132,3 +132,16 @@ def test_a_real_cpu_calibration_of_the_tiny_model_writes_sane_records(tmp_path):
         assert r["steps_measured"] == 2 and 0 < r["seconds_per_step"] < 60
         assert r["tokens_per_second"] == pytest.approx(r["micro_batch"] * 512 / r["seconds_per_step"])
         assert r["gpu_name"] == "cpu" and r["versions"]["torch"] and r["arch_hash"] == arch.hash
+
+
+def test_records_of_another_machine_or_another_version_of_the_config_do_not_count_as_done(fake_trial, tmp_path):
+    out, config = tmp_path / "c.jsonl", tmp_path / "tiny.json"
+    config.write_text(json.dumps(load_architecture("tiny-llama").config))
+    fake_trial()
+    calibrate(out, "--model", str(config), "--batch-sizes", "1")
+    calibrate(out, "--model", str(config), "--batch-sizes", "1", "--machine", "other-box")
+    config.write_text(json.dumps({**load_architecture("tiny-llama").config, "num_hidden_layers": 3}))
+    calibrate(out, "--model", str(config), "--batch-sizes", "1")
+    tiny = [r for r in read_records([out]) if r["model"] == str(config)]
+    assert [r["machine_id"] for r in tiny] == ["test-box", "other-box", "test-box"]
+    assert len({r["arch_hash"] for r in tiny}) == 2

@@ -64,9 +64,9 @@ def trial_keys(out: Path) -> list[tuple[str, int]]:
 @pytest.mark.parametrize("kill_after_records", [1, 4])
 def test_sigkill_mid_trial_loses_nothing_and_the_rerun_runs_only_the_rest(tmp_path, kill_after_records):
     out, first_starts, second_starts = tmp_path / "c.jsonl", tmp_path / "first.log", tmp_path / "second.log"
-    proc = start(out, first_starts, sleep=1.0)
+    proc = start(out, first_starts, sleep=0.6)
     wait_for_records(out, kill_after_records, proc)
-    time.sleep(0.5)  # well inside the next trial's one-second sleep
+    time.sleep(0.3)  # inside the next trial (its ranks sleep 0.6 s)
     proc.kill()
     proc.wait()
     assert_ranks_gone(first_starts)
@@ -81,14 +81,15 @@ def test_sigkill_mid_trial_loses_nothing_and_the_rerun_runs_only_the_rest(tmp_pa
     assert len(trial_keys(out)) == len(set(trial_keys(out))) == ALL_TRIALS
 
 
-def test_ctrl_c_ends_the_running_trial_and_keeps_what_finished(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_ends_the_running_trials_ranks_and_exits_130(tmp_path, stop):
     out, starts = tmp_path / "c.jsonl", tmp_path / "starts.log"
     proc = start(out, starts, "--gpus", "2", sleep=30)
     deadline = time.monotonic() + 30
     while not (starts.exists() and len(starts.read_text().splitlines()) == 2):
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(stop)
     assert proc.wait(timeout=30) == 130
     assert_ranks_gone(starts, within=1)
     assert not out.exists()
