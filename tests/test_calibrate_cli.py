@@ -83,6 +83,7 @@ def test_rerunning_the_recorded_command_runs_nothing_again_but_retries_errors(fa
     (["--model", "no-such-model"], "unknown model 'no-such-model'"),
     (["--lora-rank", "8", "--lora-targets", "q_proj,nonsense"], "unknown LoRA target module(s) ['nonsense']"),
     (["--lora-targets", "q_proj"], "--lora-targets needs a --lora-rank above 0"),
+    (["--out", "/proc/no-such-dir/c.jsonl"], "cannot write calibration file /proc/no-such-dir/c.jsonl"),
 ])
 def test_invalid_combinations_are_one_line_errors(fake_trial, tmp_path, args, message):
     result = calibrate(tmp_path / "c.jsonl", *args)

@@ -100,6 +100,7 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
                            warmup_steps=warmup_steps, timeout=timeout,
                            max_batch=max_batch or DEFAULT_MAX_BATCH[device], batch_sizes=batch_sizes,
                            machine_id=machine, command=_command_line(ctx), log_dir=log_dir)
+    _check_writable(plan.out)
     console = Console(soft_wrap=True)
     console.print(f"calibrating {len(settings)} setting(s) on {device}, appending to {plan.out}")
     with _sigterm_as_interrupt(), RichProgress(console) as progress:
@@ -128,6 +129,15 @@ def expand_settings(models, seq_lens, zero_stages, offloads, ligers, checkpointi
                                 lora_targets=lora_targets if rank else ALL_LINEAR_TARGETS,
                                 precision=precision, gpus=gpus, alloc_conf=alloc_conf))
     return list(dict.fromkeys(settings))
+
+
+def _check_writable(out: Path) -> None:
+    """Fail now, not after the first hour of trials."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.open("a").close()
+    except OSError as exc:
+        raise FtplanError(f"cannot write calibration file {out}: {exc.strerror}") from None
 
 
 def _command_line(ctx: click.Context) -> str:
