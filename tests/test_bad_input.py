@@ -89,3 +89,17 @@ def test_the_installed_console_script_prints_one_line_too():
     result = subprocess.run(["ftplan", "plan", "--model", "lama-3-8b", "--dataset-size", "10", "--gpu", "H200"],
                             capture_output=True, text=True)
     _assert_one_line_error(result.returncode, result.stderr, "did you mean llama-3-8b")
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["report", "--dataset-size", 0], ("'--dataset-size': 0 is not in the range x>=1", "see ftplan report --help")),
+    (["plan", "--model", "llama-3-8b", "--gpu", "H200"], ("Missing option '--dataset-size'", "see ftplan plan --help")),
+    ([*PLAN, "--by", "speed"], ("'--by': 'speed' is not one of 'time', 'cost'",)),
+    ([*PLAN, "--bogus"], ("No such option '--bogus'",)),
+    (["predict", "--model", "llama-3-8b", "--batch-size", 1, "--zero-stage", 7], ("'--zero-stage': '7'",)),
+    (["nosuch"], ("No such command 'nosuch'", "see ftplan --help")),
+])
+def test_click_usage_errors_are_one_line_without_the_usage_block(args, fragments, capsys, monkeypatch):
+    code, _, err = run_ftplan(args, capsys, monkeypatch)
+    _assert_one_line_error(code, err, *fragments)
+    assert "Usage:" not in err and len(err.strip().splitlines()) == 1, err
