@@ -31,7 +31,7 @@ def test_plan_table_ranks_setups_and_explains_the_recommendation(external, capsy
                                 capsys, monkeypatch)
     assert code == 0, err
     assert "Recommendation:" in out and "optimizer offload" in out and "Liger" in out
-    assert "22.8 GiB = 24.0 GiB (measured by calibration) × (1 − 5% safety margin)" in out
+    assert "23.5 GiB = 24.0 GiB (measured by calibration) × (1 − 2% safety margin)" in out
     assert re.search(r"ETA \d+:\d\d", out)
 
 
