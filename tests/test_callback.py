@@ -17,7 +17,8 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
-from calibration.callback import SOURCE, FtplanCallback, _architecture, _liger_patched, _zero  # noqa: E402
+from calibration.callback import SOURCE, FtplanCallback  # noqa: E402
+from calibration.trainer_setting import deepspeed_zero, liger_applied, run_architecture  # noqa: E402
 from calibration.records import read_records  # noqa: E402
 from calibration.trial import RandomTokens  # noqa: E402
 from models.architecture import load_architecture  # noqa: E402
@@ -160,26 +161,26 @@ def test_zero_stage_and_optimizer_offload_are_read_from_the_deepspeed_config(tmp
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(config))
     plain = SimpleNamespace(hf_deepspeed_config=None, deepspeed_plugin=None, deepspeed=None)
-    assert _zero(plain) == (0, False)
-    assert _zero(SimpleNamespace(**{**vars(plain), "deepspeed": config})) == (2, True)
-    assert _zero(SimpleNamespace(**{**vars(plain), "deepspeed": str(path)})) == (2, True)
+    assert deepspeed_zero(plain) == (0, False)
+    assert deepspeed_zero(SimpleNamespace(**{**vars(plain), "deepspeed": config})) == (2, True)
+    assert deepspeed_zero(SimpleNamespace(**{**vars(plain), "deepspeed": str(path)})) == (2, True)
     attached = SimpleNamespace(config={"zero_optimization": {"stage": 3}})
-    assert _zero(SimpleNamespace(**{**vars(plain), "hf_deepspeed_config": attached})) == (3, False)
+    assert deepspeed_zero(SimpleNamespace(**{**vars(plain), "hf_deepspeed_config": attached})) == (3, False)
 
 
 def test_model_of_an_unshipped_shape_gets_its_config_written_next_to_the_records(tmp_path):
-    arch = _architecture(tiny_model(layers=3), tmp_path)
+    arch = run_architecture(tiny_model(layers=3), tmp_path)
     assert Path(arch.id).parent == tmp_path and Path(arch.id).exists()
     assert load_architecture(arch.id).layers == 3 and arch.params_total > load_architecture("tiny-llama").params_total
-    assert _architecture(tiny_model(), tmp_path).id == "tiny-llama"
+    assert run_architecture(tiny_model(), tmp_path).id == "tiny-llama"
 
 
 def test_a_module_from_liger_kernel_marks_the_run_as_liger():
     model = tiny_model()
-    assert not _liger_patched(model)
+    assert not liger_applied(model)
     norm = type("LigerRMSNorm", (torch.nn.Module,), {"__module__": "liger_kernel.transformers.rms_norm"})
     model.model.norm = norm()
-    assert _liger_patched(model)
+    assert liger_applied(model)
 
 
 def test_a_failing_callback_never_breaks_training(tmp_path, capsys):
