@@ -76,7 +76,7 @@ def memory_terms(arch: Architecture, setting: Setting) -> MemoryTerms:
     tb, fb = trainable_param_bytes(setting), frozen_param_bytes(setting)
     resident = trainable * tb.resident + frozen * fb.resident
     matmul_params = arch.layers * arch.params_per_layer() + arch.vocab * arch.hidden
-    copies = matmul_params * tb.autocast_copies
+    copies = matmul_params * (fb if setting.lora_rank else tb).autocast_copies  # the matmul weights are the frozen base under LoRA
     early_grad = 0 if setting.lora_rank else arch.vocab * arch.hidden * tb.gradients
     gathered = 0.0
     if setting.zero_stage == 3:
