@@ -28,8 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from benchmarks.external import DEFAULT_DIR, load_external  # noqa: E402
 from calibration.records import read_records  # noqa: E402
 from models.errors import FtplanError  # noqa: E402
-from models.fit import (SAFETY_MARGIN, compute_rate_for, fit_setting, group_records, ladder_slopes,  # noqa: E402
+from models.fit import (SAFETY_MARGIN, compute_rate_for, fit_setting, group_records,  # noqa: E402
                         largest_safe_batch, setting_without_seq_len)
+from models.prior import ladder_slopes  # noqa: E402
 from models.paths import calibrations_dir  # noqa: E402
 from models.wall import reserved_capped, wall_batches  # noqa: E402
 

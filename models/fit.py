@@ -20,8 +20,8 @@ from models.curve import Curve, fit_convex_curve, with_line_below_points
 from models.errors import FtplanError
 from models.hardware import find_gpu
 from models.prediction import Estimate
-from models.prior import ComputeRate, LadderSlope, cached_architecture, fit_compute_rate
-from models.wall import reserved_capped, wall_batches
+from models.prior import ComputeRate, LadderSlope, cached_architecture, fit_compute_rate, ladder_slopes
+from models.wall import healthy_points, reserved_capped
 
 # Relative floors of the upper prediction bound, for fits whose few points leave residuals near zero.
 ALLOCATED_FLOOR = 0.02
@@ -177,7 +177,7 @@ def fit_setting(records: list[dict], compute_rate: ComputeRate | None = None) ->
     records = [r for r in records if r["status"] in ("ok", "oom")]
     first = records[0]
     label = f"{Setting.from_dict(first).label()} on {first.get('gpu_name')}"
-    healthy, walls = _healthy(records)
+    healthy, walls = healthy_points(records)
     if len({(r["seq_len"], r["micro_batch"]) for r in healthy}) < 2:
         raise FtplanError(f"{label}: fewer than two healthy batch sizes measured, nothing to fit")
     allocated = fit_convex_curve(*_columns(healthy, "peak_allocated_bytes"), ALLOCATED_FLOOR)
@@ -192,14 +192,6 @@ def fit_setting(records: list[dict], compute_rate: ComputeRate | None = None) ->
     return SettingFit(setting=setting_without_seq_len(first), gpu_name=str(first.get("gpu_name")), capacity_bytes=capacity,
                       allocated=allocated, overhead=Overhead.fit(healthy), time=time, walls=walls,
                       records=tuple(records), compute_rate=compute_rate if slopes else None)
-
-
-def _healthy(records: list[dict]) -> tuple[list[dict], tuple[tuple[int, int], ...]]:
-    """The ok records below the allocator wall, and the (seq_len, batch) points found at it."""
-    ok = [r for r in records if r["status"] == "ok" and r.get("peak_allocated_bytes")]
-    walls = tuple(sorted((seq, batch) for seq in {r["seq_len"] for r in ok}
-                         for batch in wall_batches([r for r in ok if r["seq_len"] == seq])))
-    return [r for r in ok if (r["seq_len"], r["micro_batch"]) not in walls], walls
 
 
 def _compute_slopes(time: Curve, record: dict, rate: ComputeRate) -> tuple[float, ...] | None:
@@ -222,24 +214,6 @@ def _compute_slopes(time: Curve, record: dict, rate: ComputeRate) -> tuple[float
     linear, quadratic = np.linalg.solve(np.column_stack([ratios, ratios**2]),
                                         [per_sample(int(s)) for s in lengths])
     return float(linear), float(quadratic)
-
-
-def ladder_slopes(records: list[dict]) -> list[LadderSlope]:
-    """Seconds per extra sample at the top of each sequence length's healthy ladder in one group
-    (the steepest line of its convex fit); CPU runs and unknown GPUs or architectures give none."""
-    healthy, _ = _healthy(records)
-    slopes = []
-    for seq in sorted({r["seq_len"] for r in healthy}):
-        timed = [r for r in healthy if r["seq_len"] == seq and r.get("seconds_per_step") and r.get("device") != "cpu"]
-        if len({r["micro_batch"] for r in timed}) < 2:
-            continue
-        try:
-            arch, gpu = cached_architecture(timed[0]["model"]), find_gpu(str(timed[0].get("gpu_name")))
-        except FtplanError:
-            continue
-        curve = fit_convex_curve(*_columns(timed, "seconds_per_step"), TIME_FLOOR)
-        slopes.append(LadderSlope(arch, Setting.from_dict(timed[0]), gpu, max(line.slopes[0] for line in curve.lines)))
-    return slopes
 
 
 def compute_rate_for(gpu_name: str, others: list[LadderSlope]) -> ComputeRate | None:

@@ -28,8 +28,10 @@ from calibration.settings import Setting
 from models.activations import activations_bytes_per_token, liger_lm_head_grad_bytes, loss_bytes_per_token
 from models.architecture import Architecture, load_architecture
 from models.bytes_per_param import frozen_param_bytes, trainable_param_bytes
+from models.curve import fit_convex_curve
 from models.errors import FtplanError
 from models.hardware import GpuSpec, find_gpu
+from models.wall import healthy_points
 
 # Defaults, used only when no calibration record is available: the values fit_constants learns from
 # the public measurements in ../shared/external/seed000 (gpjt/fine-tune-2024-04: Qwen1.5-0.5B on an
@@ -159,6 +161,25 @@ class LadderSlope:
     setting: Setting
     gpu: GpuSpec
     seconds_per_sample: float
+
+
+def ladder_slopes(records: list[dict]) -> list[LadderSlope]:
+    """Seconds per extra sample at the top of each sequence length's healthy ladder in one setting
+    on one GPU (the steepest line of its convex fit); CPU runs and unknown GPUs or architectures give none."""
+    healthy, _ = healthy_points(records)
+    slopes = []
+    for seq in sorted({r["seq_len"] for r in healthy}):
+        timed = [r for r in healthy if r["seq_len"] == seq and r.get("seconds_per_step") and r.get("device") != "cpu"]
+        if len({r["micro_batch"] for r in timed}) < 2:
+            continue
+        try:
+            arch, gpu = cached_architecture(timed[0]["model"]), find_gpu(str(timed[0].get("gpu_name")))
+        except FtplanError:
+            continue
+        curve = fit_convex_curve([r["micro_batch"] for r in timed], [seq] * len(timed),
+                                 [r["seconds_per_step"] for r in timed], floor_fraction=0.0)
+        slopes.append(LadderSlope(arch, Setting.from_dict(timed[0]), gpu, max(line.slopes[0] for line in curve.lines)))
+    return slopes
 
 
 # Below this many ladders the loss traffic and the MFU cannot be told apart: MFU alone.

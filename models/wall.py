@@ -30,6 +30,14 @@ def wall_batches(points: list[dict]) -> list[int]:
     return sorted(walls)
 
 
+def healthy_points(records: list[dict]) -> tuple[list[dict], tuple[tuple[int, int], ...]]:
+    """The ok records below the allocator wall, and the (seq_len, batch) points found at it."""
+    ok = [r for r in records if r["status"] == "ok" and r.get("peak_allocated_bytes")]
+    walls = tuple(sorted((seq, batch) for seq in {r["seq_len"] for r in ok}
+                         for batch in wall_batches([r for r in ok if r["seq_len"] == seq])))
+    return [r for r in ok if (r["seq_len"], r["micro_batch"]) not in walls], walls
+
+
 def reserved_capped(record: dict) -> bool:
     """Whether reserved memory was limited by the card rather than by what the run asked for."""
     capacity = record.get("gpu_memory_total_bytes")
