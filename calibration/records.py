@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import statistics
 import warnings
@@ -24,6 +25,18 @@ REQUIRED_KEYS = ("schema_version", "model", "micro_batch", "status", "setting_ke
 # Records of other kinds share the files (a "kind" field; trials have none) and are skipped by trial readers.
 REQUIRED_KEYS_BY_KIND = {"trial": REQUIRED_KEYS,
                          "network": ("schema_version", "kind", "backend", "ranks", "latency_s", "bandwidth_gbs")}
+_MEASURED_NUMBERS = ("peak_allocated_bytes", "peak_reserved_bytes", "seconds_per_step", "num_alloc_retries",
+                     "gpu_memory_total_bytes", "params_total", "params_trainable", "tokens_per_second")
+# Types of the trial fields readers compute with (None is allowed where a failed trial measured nothing).
+_TRIAL_FIELD_TYPES = {
+    **{key: "an integer" for key in ("micro_batch", "seq_len", "zero_stage", "lora_rank", "gpus", "nodes")},
+    **{key: "true or false" for key in ("offload_optimizer", "liger", "gradient_checkpointing")},
+    **{key: "text" for key in ("model", "setting_key", "precision", "optimizer", "alloc_conf", "gpu_name")},
+    **{key: "a number" for key in _MEASURED_NUMBERS},
+    "lora_targets": "a list of strings",
+    "step_seconds": "a list of numbers",
+}
+_MAY_BE_NULL = (*_MEASURED_NUMBERS, "gpu_name", "step_seconds")
 
 
 class RecordWarning(UserWarning):
@@ -77,15 +90,15 @@ def iter_records(path: Path, kind: str = "trial") -> Iterator[dict]:
         raise ValueError(f"record kind must be one of {tuple(REQUIRED_KEYS_BY_KIND)}, got {kind!r}")
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as exc:
         raise FtplanError(f"cannot read calibration file {path}: {exc.strerror}") from None
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(data.split(b"\n"), start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except (UnicodeDecodeError, json.JSONDecodeError):  # a torn write, or not text at all
             warnings.warn(f"{path}:{number}: corrupt or truncated record skipped", RecordWarning, stacklevel=2)
             continue
         if isinstance(record, dict) and record.get("kind", "trial") != kind:
@@ -105,11 +118,48 @@ def _problem(record: object) -> str | None:
     missing = [k for k in REQUIRED_KEYS_BY_KIND[kind] if k not in record]
     if missing:
         return f"missing {', '.join(missing)}"
-    if not isinstance(record["schema_version"], int) or record["schema_version"] > SCHEMA_VERSION:
-        return f"schema version {record['schema_version']} is newer than this ftplan understands ({SCHEMA_VERSION}); upgrade ftplan"
-    if kind == "trial" and record["status"] not in STATUSES:
-        return f"unknown status {record['status']!r}"
+    version = record["schema_version"]
+    if not _is_a(version, "an integer") or version < 1:
+        return f"schema version {version!r} is not a positive integer"
+    if version > SCHEMA_VERSION:
+        return f"schema version {version} is newer than this ftplan understands ({SCHEMA_VERSION}); upgrade ftplan"
+    if kind == "trial":
+        return _trial_problem(record)
     return None
+
+
+def _trial_problem(record: dict) -> str | None:
+    """Wrong types or impossible values, which would otherwise crash the fits far from their line."""
+    if record["status"] not in STATUSES:
+        return f"unknown status {record['status']!r}"
+    for key, wanted in _TRIAL_FIELD_TYPES.items():
+        value = record.get(key)
+        if key in record and not (value is None and key in _MAY_BE_NULL) and not _is_a(value, wanted):
+            return f"{key} is {value!r}, not {wanted}"
+    if record["micro_batch"] < 1:
+        return f"micro_batch must be positive, got {record['micro_batch']}"
+    negative = [key for key in _MEASURED_NUMBERS if (record.get(key) or 0) < 0]
+    if negative:
+        return f"negative {', '.join(negative)}"
+    try:
+        Setting.from_dict(record)
+    except FtplanError as exc:
+        return str(exc)
+    return None
+
+
+def _is_a(value: object, wanted: str) -> bool:
+    if wanted == "an integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if wanted == "a number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if wanted == "true or false":
+        return isinstance(value, bool)
+    if wanted == "a list of strings":
+        return isinstance(value, list) and all(isinstance(item, str) for item in value)
+    if wanted == "a list of numbers":
+        return isinstance(value, list) and all(_is_a(item, "a number") for item in value)
+    return isinstance(value, str)
 
 
 def read_records(paths: Iterable[Path], kind: str = "trial") -> list[dict]:
