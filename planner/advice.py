@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from calibration.settings import Setting
 from models.architecture import load_architecture
+from models.bytes_per_param import trainable_param_bytes
 from models.hardware import GIB
-from models.prediction import SOURCE_EXTRAPOLATED, SOURCE_PRIOR
+from models.prediction import SOURCE_CALIBRATED, SOURCE_EXTRAPOLATED, SOURCE_PRIOR
 from planner.eta import format_duration
-from planner.search import Plan, SetupPlan
+from planner.search import NEAR_TIE, Plan, SetupPlan
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,9 @@ def _compare(plan: Plan, rec: SetupPlan, switch: Switch) -> str | None:
         return (f"{switch.name} {state}: without that, not even batch 1 fits "
                 f"({need:.1f} GiB > {usable:.1f} GiB usable). {switch.why}.")
     ours, theirs = rec.best, twin.best
-    if rec.batch > twin.batch and ours.seconds_per_step.mean >= theirs.seconds_per_step.mean:
+    if twin.eta.total_seconds <= rec.eta.total_seconds * (1 + NEAR_TIE):
+        verdict = f"within {NEAR_TIE:.0%}, it makes no real difference on this run"
+    elif rec.batch > twin.batch and ours.seconds_per_step.mean >= theirs.seconds_per_step.mean:
         verdict = "the larger batch outweighs the slower step"
     elif rec.batch <= twin.batch and ours.seconds_per_step.mean < theirs.seconds_per_step.mean:
         verdict = "the faster step outweighs the other's batch"
@@ -97,9 +101,16 @@ def reasons(plan: Plan) -> list[str]:
         return []
     metric = "cheapest" if plan.request.by == "cost" else "fastest"
     kind = {"any": "", "full": " full fine-tuning", "lora": " LoRA"}[plan.request.training]
-    lines = [f"{rec.label} is the {metric}{kind} setup that fits: batch {rec.batch} per GPU, "
+    fastest = plan.fastest
+    standing = (f"the {metric}{kind} setup that fits" if fastest is rec
+                else f"the best-measured{kind} setup within {NEAR_TIE:.0%} of the {metric}")
+    lines = [f"{rec.label} is {standing}: batch {rec.batch} per GPU, "
              f"{rec.eta.steps:,} steps × {rec.eta.seconds_per_step:.2f} s = {format_duration(rec.eta.total_seconds)}"
              + (f", {rec.eta.cost:,.2f} in total" if rec.eta.cost is not None else "") + "."]
+    if fastest is not rec:
+        lines.append(f"{fastest.label} is predicted {format_duration(fastest.eta.total_seconds)} "
+                     f"({fastest.best.source}), within the time model's {NEAR_TIE:.0%} uncertainty of this "
+                     f"({rec.best.source}): the better-measured setup is recommended.")
     lines += [line for switch in SWITCHES if (line := _compare(plan, rec, switch))]
     lines.append(_training_note(plan, rec))
     return lines
@@ -120,5 +131,63 @@ def warnings_for(plan: Plan) -> list[str]:
     elif rec.best.source == SOURCE_PRIOR:
         found.append(f"{rec.label} was never calibrated on this GPU: the recommendation rests on the "
                      "analytic prior alone; run `ftplan calibrate` for it before committing")
-    found += list(rec.best.notes)
+    if rec.setting.offload_optimizer:
+        found.append(f"{rec.label} offloads the optimizer: each node needs about "
+                     f"{offload_host_bytes_per_node(rec.setting) / 1e9:,.0f} GB of free host RAM for it")
     return found
+
+
+def notes_for(plan: Plan) -> list[str]:
+    """Where the recommendation's numbers come from (the predictor's notes), minus what a warning already says."""
+    rec = plan.recommended
+    if rec is None:
+        return []
+    return [note for note in rec.best.notes
+            if not (rec.best.source == SOURCE_EXTRAPOLATED and note.endswith(": extrapolated"))]
+
+
+def offload_host_bytes_per_node(setting: Setting) -> float:
+    """Host RAM that CPU optimizer offload fills on each node: the fp32 master weights and optimizer
+    moments the GPUs would otherwise hold (models.bytes_per_param), for the node's ranks."""
+    arch = load_architecture(setting.model)
+    on_gpu = trainable_param_bytes(setting.with_(offload_optimizer=False))
+    per_rank = arch.trainable_params(setting.lora_rank, setting.lora_targets) * (on_gpu.master_weights
+                                                                                 + on_gpu.optimizer_states)
+    return per_rank * setting.gpus
+
+
+def failed_like(setting: Setting, failed: dict[Setting, str]) -> str | None:
+    """Why a trial like this one failed: the same setting on one GPU, or an offload setting of the same model
+    whose host RAM per node this one needs at least as much of (the 8B offload trial died of host OOM)."""
+    for other, why in failed.items():
+        if other == setting.with_(gpus=1, nodes=1):
+            return why
+        if (other.model == setting.model and other.offload_optimizer and setting.offload_optimizer
+                and offload_host_bytes_per_node(setting) >= offload_host_bytes_per_node(other)):
+            return f"{other.label()}, {why}"
+    return None
+
+
+def source_label(setup: SetupPlan, failed: dict[Setting, str]) -> str:
+    """How a row's numbers were obtained, in words a user cannot misread as a measurement."""
+    if failed_like(setup.setting, failed):
+        return "unmeasured: trial failed"
+    source = (setup.best or setup.at_batch_one).source
+    return {SOURCE_CALIBRATED: "measured", SOURCE_PRIOR: "prior, unmeasured"}.get(source, source)
+
+
+def unmeasured_notes(plan: Plan, failed: dict[Setting, str]) -> list[str]:
+    """Why some rows rest on the prior: a calibration trial that failed, and what offload asks of the host."""
+    notes = []
+    for setting, why in failed.items():
+        if setting.model != plan.request.base.model or setting.seq_len != plan.request.base.seq_len:
+            continue
+        line = (f"{setting.label()} was calibrated but its trial failed ({why}); rows marked 'trial failed' "
+                "are the prior's guess for it")
+        if setting.offload_optimizer:
+            line += (f" and for every offload setup needing as much host RAM. CPU offload keeps fp32 master weights "
+                     f"and optimizer moments in host RAM, pinned, beside the process itself: "
+                     f"{offload_host_bytes_per_node(setting) / 1e9:,.0f} GB per node for {setting.label()}; "
+                     "check the hosts have it before choosing an offload row")
+        notes.append(line + ".")
+    return notes

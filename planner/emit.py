@@ -54,8 +54,13 @@ def training_args(setting: Setting, micro_batch: int, epochs: float, output_dir:
 def readme(setup: SetupPlan, request: PlanRequest) -> str:
     """How to use the files, and the Liger / LoRA lines the Trainer arguments cannot carry."""
     setting = setup.setting
-    launch = (f"deepspeed --num_gpus {setting.gpus} train.py" if setting.uses_deepspeed and setting.nodes == 1
-              else f"torchrun --nproc_per_node {setting.gpus} train.py")
+    if setting.nodes > 1:
+        launch = (f"torchrun --nnodes {setting.nodes} --nproc_per_node {setting.gpus} --rdzv-backend c10d "
+                  "--rdzv-endpoint HOST:29500 train.py  (on every node; HOST is the first node)")
+    elif setting.uses_deepspeed:
+        launch = f"deepspeed --num_gpus {setting.gpus} train.py"
+    else:
+        launch = f"torchrun --nproc_per_node {setting.gpus} train.py"
     lines = [
         f"ftplan plan: {setup.label} for {setting.model} on {setting.world_size} x {request.gpu.name}",
         f"micro-batch {setup.batch} per GPU, {setup.eta.steps:,} steps x {setup.eta.seconds_per_step:.2f} s = "

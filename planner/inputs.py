@@ -1,24 +1,31 @@
-"""What plan, eta and report read from the user: the GPU, the memory budget, and the calibrations.
+"""What plan, eta and report read from the user: the GPU, the memory budget, the links, and the calibrations.
 
-Shared so the three commands state the same defaults and fail on bad input with the same one line.
+Shared so the commands state the same defaults and fail on bad input with the same one line.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
 import click
 
-from calibration.records import read_records
+from calibration.records import RecordWarning, read_records
 from calibration.settings import Setting
+from models.communication import Links, calibrated_links, find_link, links_from_catalog, parse_bandwidth
 from models.errors import FtplanError
 from models.hardware import GIB, GpuSpec, find_gpu, load_catalog
 from models.paths import calibrations_dir
 from models.safe_batch import DEFAULT_CONTEXT_RESERVE_GIB, MemoryBudget
 from planner.search import DEFAULT_SAFETY_MARGIN
+
+USER_CALIBRATIONS = Path("calibrations")  # where `ftplan calibrate` and the Trainer callback write by default
+TRAINER_SOURCE = "trainer_callback"
+DEFAULT_INTER_NODE_LINK = "cloud"
+FALLBACK_INTRA_NODE_LINK = "pcie4-x16"  # a card whose specs name no known interconnect
 
 
 def gpu_options(command: Callable) -> Callable:
@@ -37,23 +44,78 @@ def budget_options(command: Callable) -> Callable:
                         help="Fraction of capacity kept free above the upper prediction bound.")(command)
 
 
+def link_options(command: Callable) -> Callable:
+    """--intra-node-bandwidth and --inter-node-bandwidth: the links the communication model prices."""
+    command = click.option("--inter-node-bandwidth", default=None,
+                           help="Between nodes, per node: e.g. 600MB/s, 25Gbit/s, 0.6 (GB/s) or a link name "
+                                "(cloud, 100gbe, ib-ndr, ...). Default: a measured network calibration, else "
+                                f"'{DEFAULT_INTER_NODE_LINK}' (data/networks.csv).")(command)
+    return click.option("--intra-node-bandwidth", default=None,
+                        help="Between the GPUs of one node, same forms. Default: a measured network calibration, "
+                             "else the GPU's interconnect from the catalog.")(command)
+
+
 def calibrations_option(command: Callable) -> Callable:
     return click.option("--calibrations", multiple=True, type=click.Path(path_type=Path),
-                        help="Calibration JSONL file or folder (repeatable); default: the calibrations shipped in data/.")(command)
+                        help="Calibration JSONL file or folder (repeatable); default: the calibrations shipped in "
+                             f"data/ plus ./{USER_CALIBRATIONS}/ when it exists.")(command)
+
+
+@dataclass(frozen=True)
+class Input:
+    """One calibration file or folder read, with how many trial records it gave and how many of those
+    came from real training runs (the Trainer callback) rather than `ftplan calibrate`."""
+
+    path: Path
+    records: int
+    from_training_runs: int
+
+    def describe(self) -> str:
+        return f"{self.path} ({self.records} records)"
 
 
 @dataclass(frozen=True)
 class Evidence:
-    """The calibration records a command works from, the predictor fitted on them, and the GPU catalog."""
+    """The calibration records a command works from, where they came from, and the GPU catalog."""
 
     records: list[dict]
-    predictor: object
+    network_records: list[dict]
+    inputs: tuple[Input, ...]
     catalog: dict[str, GpuSpec]
+
+    @cached_property
+    def fits(self):
+        from planner.fit_cache import cached_fits  # imported late: `ftplan gpus` and `--help` need no fitting code
+        return cached_fits(self.records, [i.path for i in self.inputs])
+
+    @cached_property
+    def predictor(self):
+        """The predictor with each GPU's catalog links (commands that take no link options)."""
+        return self.predictor_with(None)
+
+    def predictor_with(self, links: Links | None):
+        from models.predictor import Predictor
+        return Predictor(self.records, self.fits, self.catalog, links)
+
+    def describe(self) -> str:
+        """Which inputs were read, for the output: a plan must say what it rests on."""
+        if not self.inputs:
+            return "Calibrations: none found; every number comes from the analytic prior."
+        total = sum(i.from_training_runs for i in self.inputs)
+        return (f"Calibrations: {'; '.join(i.describe() for i in self.inputs)}. "
+                f"{total} of {len(self.records)} records come from real training runs (Trainer callback).")
 
     def calibrated_settings(self, model: str) -> list[Setting]:
         """Settings of this model with measured trials, on any GPU (the predictor transfers across cards)."""
         return list(dict.fromkeys(Setting.from_dict(r) for r in self.records
                                   if r["model"] == model and r["status"] == "ok"))
+
+    def failed_trials(self, model: str) -> dict[Setting, str]:
+        """Settings whose calibration ended in an error (not OOM) and never ran ok: why, in the record's words."""
+        ran = set(self.calibrated_settings(model))
+        return {Setting.from_dict(r): f"batch {r['micro_batch']}: {r.get('message') or 'error'}"
+                for r in self.records
+                if r["model"] == model and r["status"] == "error" and Setting.from_dict(r) not in ran}
 
     @cached_property
     def _cards(self) -> dict[str, GpuSpec | None]:
@@ -81,19 +143,73 @@ class Evidence:
         return MemoryBudget(measured or gpu.memory_bytes, safety_margin, int(context_reserve_gib * GIB),
                             "measured by calibration" if measured else ("catalog" if shipped else "your GPU specs"))
 
+    def links(self, gpu: GpuSpec, intra: str | None = None, inter: str | None = None) -> tuple[Links, str]:
+        """The links to price communication with, and a sentence saying where each figure came from.
+
+        In increasing precedence: the catalog (the card's interconnect, a plain cloud network between
+        nodes), a measured network calibration, the user's --intra/--inter-node-bandwidth.
+        """
+        try:
+            links, intra_from = links_from_catalog(intra=gpu.interconnect, inter=DEFAULT_INTER_NODE_LINK), \
+                f"catalog: {gpu.interconnect.split('(')[0].strip()}"
+        except FtplanError:
+            links, intra_from = links_from_catalog(intra=FALLBACK_INTRA_NODE_LINK, inter=DEFAULT_INTER_NODE_LINK), \
+                f"{gpu.name} names no known interconnect: PCIe 4.0 assumed"
+        inter_from = f"catalog: '{DEFAULT_INTER_NODE_LINK}' network"
+        measured = calibrated_links(self.network_records, links)
+        if measured.intra_node_gbs != links.intra_node_gbs or measured.intra_latency_s != links.intra_latency_s:
+            intra_from = "measured by ftplan calibrate-network"
+        if measured.inter_node_gbs != links.inter_node_gbs or measured.inter_latency_s != links.inter_latency_s:
+            inter_from = "measured by ftplan calibrate-network"
+        links = measured
+        if intra is not None:
+            gbs, latency = _user_link(intra, links.intra_latency_s)
+            links, intra_from = replace(links, intra_node_gbs=gbs, intra_latency_s=latency), f"--intra-node-bandwidth {intra}"
+        if inter is not None:
+            gbs, latency = _user_link(inter, links.inter_latency_s)
+            links, inter_from = replace(links, inter_node_gbs=gbs, inter_latency_s=latency), f"--inter-node-bandwidth {inter}"
+        text = (f"Links: inside a node {_rate(links.intra_node_gbs)}, {links.intra_latency_s * 1e6:g} µs/hop ({intra_from}); "
+                f"between nodes {_rate(links.inter_node_gbs)} per node, {links.inter_latency_s * 1e6:g} µs/hop ({inter_from}).")
+        return links, text
+
+
+def _user_link(text: str, default_latency_s: float) -> tuple[float, float]:
+    """(GB/s, latency): a catalog link name brings its own latency; a bare figure keeps the default's."""
+    try:
+        link = find_link(text)
+        return link.bandwidth_gbs, link.latency_s
+    except FtplanError:
+        return parse_bandwidth(text), default_latency_s
+
+
+def _rate(gbs: float) -> str:
+    return f"{gbs:g} GB/s" if gbs >= 1 else f"{gbs * 1000:g} MB/s"
+
+
+def _read_input(path: Path) -> tuple[list[dict], list[dict]]:
+    records = read_records([path])
+    with warnings.catch_warnings():  # the trial pass already named every bad line
+        warnings.simplefilter("ignore", RecordWarning)
+        return records, read_records([path], kind="network")
+
+
+def default_calibrations() -> list[Path]:
+    """The shipped calibrations, plus the user's own in ./calibrations/ when that folder exists."""
+    return [folder for folder in (calibrations_dir(), USER_CALIBRATIONS) if folder.is_dir()]
+
 
 def load_evidence(calibrations: Sequence[Path], catalog: dict[str, GpuSpec]) -> Evidence:
-    """Records from the given files (default: data/calibrations/) and the predictor fitted on them."""
-    from models.predictor import Predictor  # imported late: `ftplan gpus` and `--help` need no fitting code
-
-    if calibrations:
-        records = read_records(calibrations)
-        if not records:
-            raise FtplanError(f"no valid calibration records in {', '.join(map(str, calibrations))}")
-    else:
-        folder = calibrations_dir()
-        records = read_records([folder]) if folder.is_dir() else []
-    return Evidence(records, Predictor.from_records(records, gpu_catalog=catalog), catalog)
+    """Trial and network records from the given files (default: default_calibrations()), per input."""
+    explicit = bool(calibrations)
+    records, network, inputs = [], [], []
+    for path in (calibrations if explicit else default_calibrations()):
+        trials, links = _read_input(Path(path))
+        records += trials
+        network += links
+        inputs.append(Input(Path(path), len(trials), sum(r.get("source") == TRAINER_SOURCE for r in trials)))
+    if explicit and not records:
+        raise FtplanError(f"no valid calibration records in {', '.join(map(str, calibrations))}")
+    return Evidence(records, network, tuple(inputs), catalog)
 
 
 def resolve_gpu(name: str, specs: Path | None) -> GpuSpec:

@@ -1,8 +1,10 @@
-"""`ftplan plan`: every setup ranked by time to completion (or cost), with a reasoned recommendation."""
+"""`ftplan plan`: every setup ranked by time to completion (or cost), with a reasoned recommendation;
+over a range of GPU counts, the scaling of full and LoRA fine-tuning and the count to use."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -10,11 +12,16 @@ from rich.console import Console
 
 from calibration.settings import Setting
 from models.architecture import load_architecture
+from models.communication import estimate_overlap
 from models.errors import FtplanError
 from models.hardware import find_gpu, load_catalog
-from planner.inputs import budget_options, calibrations_option, gpu_options, load_evidence
-from planner.render import plan_to_dict, print_plan
+from models.scaling import node_layout, parse_gpu_counts
+from planner.gpu_counts import plan_gpu_counts
+from planner.inputs import budget_options, calibrations_option, gpu_options, link_options, load_evidence
+from planner.render import plan_to_dict, print_plan, print_scaling, scaling_to_dict
 from planner.search import DEFAULT_LORA_RANKS, PlanRequest, make_plan
+
+SETUPS_SHOWN_WITH_SCALING = 12
 
 
 def _ranks(_ctx, _param, value: str) -> tuple[int, ...]:
@@ -33,10 +40,15 @@ def _ranks(_ctx, _param, value: str) -> tuple[int, ...]:
 @click.option("--epochs", type=float, default=1.0, show_default=True)
 @click.option("--seq-len", type=int, default=2048, show_default=True, help="Tokens per sample (padded).")
 @gpu_options
-@click.option("--gpus", type=int, default=1, show_default=True, help="GPUs per node.")
-@click.option("--nodes", type=int, default=1, show_default=True)
+@click.option("--gpus", default="1", show_default=True,
+              help="GPUs in all: a count (8), a list (1,2,4) or a doubling range (1..128); several counts add a "
+                   "scaling table and choose the count.")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Nodes are filled up to this many GPUs; the rest talk over the inter-node link.")
+@link_options
 @click.option("--price-per-hour", type=float, default=None, help="Price per GPU-hour; cost = hours × price × GPUs.")
-@click.option("--max-hours", type=float, default=None, help="Leave out setups that take longer.")
+@click.option("--max-hours", type=float, default=None,
+              help="Leave out setups that take longer; with several GPU counts, choose the cheapest count that meets it.")
 @click.option("--by", type=click.Choice(["time", "cost"]), default="time", show_default=True, help="Rank by.")
 @click.option("--any", "training", flag_value="any", default=True, help="Recommend full fine-tuning or LoRA (default).")
 @click.option("--full", "training", flag_value="full", help="Recommend among full fine-tuning setups only.")
@@ -49,27 +61,52 @@ def _ranks(_ctx, _param, value: str) -> tuple[int, ...]:
 @click.option("--emit", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write the recommended setup's ds_config.json, training_args.json and README.txt here.")
 def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name: str, gpu_specs: Path | None,
-            gpus: int, nodes: int, price_per_hour: float | None, max_hours: float | None, by: str, training: str,
+            gpus: str, gpus_per_node: int, intra_node_bandwidth: str | None, inter_node_bandwidth: str | None,
+            price_per_hour: float | None, max_hours: float | None, by: str, training: str,
             lora_ranks: tuple[int, ...], safety_margin: float, context_reserve_gib: float,
             calibrations: tuple[Path, ...], as_json: bool, emit: Path | None) -> None:
-    """Which setup finishes fastest (or cheapest) on this GPU, with its largest safe batch, ETA and cost."""
+    """Which setup finishes fastest (or cheapest) on this GPU, with its largest safe batch, ETA and cost;
+    with several GPU counts, how full and LoRA fine-tuning scale and which count to use."""
     load_architecture(model)  # an unknown model fails here, with close names, before any fitting
-    base = Setting(model=model, seq_len=seq_len, gpus=gpus, nodes=nodes)
+    counts = parse_gpu_counts(gpus)
+    base = Setting(model=model, seq_len=seq_len)
     catalog = load_catalog(gpu_specs)
     gpu = find_gpu(gpu_name, catalog)
     evidence = load_evidence(calibrations, catalog)
+    links, links_text = evidence.links(gpu, intra_node_bandwidth, inter_node_bandwidth)
+    predictor = evidence.predictor_with(links)
     request = PlanRequest(base=base, dataset_size=dataset_size, epochs=epochs, gpu=gpu,
                           budget=evidence.budget(gpu, safety_margin, context_reserve_gib),
                           price_per_gpu_hour=price_per_hour, max_hours=max_hours, by=by, training=training,
                           lora_ranks=lora_ranks)
-    plan = make_plan(evidence.predictor, request, evidence.calibrated_settings(model))
-    if as_json:
-        click.echo(json.dumps(plan_to_dict(plan), indent=2))
+    extra, failed = evidence.calibrated_settings(model), evidence.failed_trials(model)
+    scaling = None
+    if len(counts) == 1:
+        per_node, nodes = node_layout(counts[0], gpus_per_node)
+        plan = make_plan(predictor, replace(request, base=base.with_(gpus=per_node, nodes=nodes)), extra)
     else:
-        print_plan(plan, Console(width=160))
+        scaling = plan_gpu_counts(predictor, request, counts, gpus_per_node, extra)
+        plan = scaling.plan
+    overlap = estimate_overlap(evidence.records, links)
+    links_text += f" Overlap of communication with backward: {overlap.overlap:g}; {overlap.source}."
+    if as_json:
+        click.echo(json.dumps({**(plan_to_dict(plan, failed) if plan else {}),
+                               "inputs": [{"path": str(i.path), "records": i.records,
+                                           "from_training_runs": i.from_training_runs} for i in evidence.inputs],
+                               "links": {**links.__dict__, "description": links_text},
+                               "scaling": scaling_to_dict(scaling) if scaling else None}, indent=2))
+    else:
+        console = Console(width=180)
+        console.print(evidence.describe())
+        if max(counts) > 1:
+            console.print(links_text)
+        if scaling is not None:
+            print_scaling(scaling, console, failed)
+        if plan is not None:
+            print_plan(plan, console, failed, SETUPS_SHOWN_WITH_SCALING if scaling else None)
     if emit is not None:
-        if plan.recommended is None:
+        if plan is None or plan.recommended is None:
             raise FtplanError("nothing to emit: no setup was recommended")
         from planner.emit import write_configs
-        written = write_configs(emit, plan.recommended, request)
+        written = write_configs(emit, plan.recommended, plan.request)
         click.echo(f"wrote {', '.join(str(p) for p in written)}", err=as_json)
