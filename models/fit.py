@@ -217,13 +217,16 @@ def _compute_slopes(time: Curve, record: dict, rate: ComputeRate) -> tuple[float
 
 
 def compute_rate_for(gpu_name: str, others: list[LadderSlope]) -> ComputeRate | None:
-    """The compute rate of other settings' ladders: those on this GPU type, else (MFU being relative
-    to each card's peak) those on any GPU."""
+    """The compute rate of other settings' ladders on this GPU type; None without any.
+
+    Other GPUs are left out: MFU moves with the card's balance of compute, bandwidth and launch
+    overhead, and the public A100 ladders predicted from RTX 3090 ones were worse than without.
+    """
     try:
         gpu = find_gpu(gpu_name)
     except FtplanError:
         return None
-    return fit_compute_rate([s for s in others if s.gpu == gpu] or others)
+    return fit_compute_rate([s for s in others if s.gpu == gpu])
 
 
 def _columns(records: list[dict], key: str) -> tuple[list[int], list[int], list[float]]:

@@ -5,11 +5,14 @@ models/activations.py:
   backward start = resident states + autocast copies + early lm_head gradient + batch·(activations + loss)
   backward end   = resident states + all gradients
   optimizer step = resident states + all gradients + step temporaries
-so the curve in batch is convex and piecewise linear. Time is matmul FLOPs over the GPU's bf16
-dense throughput × MFU, plus the optimizer step (GPU: memory-bandwidth bound; offloaded: CPU Adam).
+so the curve in batch is convex and piecewise linear. Time is a per-step overhead, plus per sample
+the matmul FLOPs over the GPU's bf16 dense throughput × MFU and the unfused loss's logit traffic
+over its memory bandwidth (`ComputeRate`), plus the optimizer step (GPU: memory-bandwidth bound;
+offloaded: CPU Adam).
 
 Where calibration records exist, `fit_constants` learns the free constants from them (a scale on
-the static and on the per-sample memory term, the reserved/allocated ratio, MFU and CPU-Adam speed);
+the static and on the per-sample memory term, the reserved/allocated ratio, the compute rate from
+the ladders' large-batch slopes, the per-step overhead and CPU-Adam speed);
 the defaults below are only for when there are none, and each says where it came from.
 """
 
@@ -37,9 +40,11 @@ from models.wall import healthy_points
 # the public measurements in ../shared/external/seed000 (gpjt/fine-tune-2024-04: Qwen1.5-0.5B on an
 # RTX 3090, Llama-3-8B on 8×A100, HF Trainer + DeepSpeed ZeRO-2/3, fp16), as printed by
 # `python -m benchmarks.prior_accuracy`. The memory scales stay 1.0: the bare tensor count.
-DEFAULT_MFU = 0.51
+DEFAULT_MFU = 0.49
+DEFAULT_LOSS_BYTES_PER_LOGIT = 0.0    # not identifiable there: no Liger ladder (see fit_compute_rate)
+DEFAULT_STEP_OVERHEAD_SECONDS = 0.0   # their steps are compute-bound (the median excess is negative)
 DEFAULT_FRAGMENTATION = 1.29
-DEFAULT_CPU_ADAM_SECONDS_PER_PARAM = 9.4e-10
+DEFAULT_CPU_ADAM_SECONDS_PER_PARAM = 8.8e-10
 # Relative upper-bound half-widths of the uncorrected prior: its largest errors on those public
 # measurements (allocated −28%, reserved −34%, time −32%), rounded up.
 DEFAULT_MEMORY_MARGIN = 0.30
@@ -182,7 +187,7 @@ def ladder_slopes(records: list[dict]) -> list[LadderSlope]:
     return slopes
 
 
-# Below this many ladders the loss traffic and the MFU cannot be told apart: MFU alone.
+# Below this many ladders the loss traffic is not fitted: MFU alone.
 MIN_LADDERS_FOR_LOSS_TRAFFIC = 3
 
 
@@ -190,7 +195,10 @@ def fit_compute_rate(slopes: list[LadderSlope]) -> ComputeRate | None:
     """MFU and loss traffic explaining the ladders' slopes, each ladder weighted by its relative error.
 
     Both enter linearly (seconds = FLOPs/(peak·MFU) + logits·bytes/bandwidth), so a non-negative least
-    squares in (1/MFU, bytes) fits them; with few ladders, or no unfused loss among them, MFU alone.
+    squares in (1/MFU, bytes) fits them. The two are told apart only by ladders with and without the
+    unfused loss (Liger's fused loss builds no logits); otherwise, or with few ladders, MFU alone: on
+    the public RTX 3090 ladders (one model, all unfused) a two-term fit gave MFU 0.79 and 240 bytes
+    per logit, an artefact of collinearity.
     """
     slopes = [s for s in slopes if s.seconds_per_sample > 0]
     if not slopes:
@@ -200,7 +208,7 @@ def fit_compute_rate(slopes: list[LadderSlope]) -> ComputeRate | None:
     logit_seconds = np.array([logit_elements_per_sample(s.arch, s.setting) / (s.gpu.memory_bandwidth_gbs * 1e9)
                               for s in slopes])
     measured = np.array([s.seconds_per_sample for s in slopes])
-    if len(slopes) >= MIN_LADDERS_FOR_LOSS_TRAFFIC and logit_seconds.any():
+    if len(slopes) >= MIN_LADDERS_FOR_LOSS_TRAFFIC and logit_seconds.any() and not logit_seconds.all():
         weight = 1 / measured
         features = np.column_stack([flop_seconds, logit_seconds]) * weight[:, None]
         inverse_mfu, loss_bytes = LinearRegression(fit_intercept=False, positive=True).fit(
@@ -239,6 +247,8 @@ class PriorConstants:
     sample_scale: float = 1.0
     fragmentation: float = DEFAULT_FRAGMENTATION
     mfu: float = DEFAULT_MFU
+    loss_bytes_per_logit: float = DEFAULT_LOSS_BYTES_PER_LOGIT
+    step_overhead_seconds: float = DEFAULT_STEP_OVERHEAD_SECONDS
     cpu_adam_seconds_per_param: float = DEFAULT_CPU_ADAM_SECONDS_PER_PARAM
     memory_margin: float = DEFAULT_MEMORY_MARGIN
     reserved_margin: float = DEFAULT_RESERVED_MARGIN
@@ -260,9 +270,13 @@ class PriorEstimate:
 
 def prior_estimate(arch: Architecture, setting: Setting, batch: int, gpu: GpuSpec,
                    constants: PriorConstants = PriorConstants()) -> PriorEstimate:
-    """The corrected prior for one case; no communication time (the caller adds it for world_size > 1)."""
+    """The corrected prior for one case; no communication time (the caller adds it for world_size > 1).
+
+    Compute is a per-step overhead (launches, Trainer bookkeeping) plus batch × the compute rate's
+    seconds per sample (FLOPs at the MFU, and the unfused loss's memory traffic)."""
     allocated = setting_terms(arch, setting).memory.peak(batch, constants.static_scale, constants.sample_scale)
-    compute = step_flops(arch, setting, batch) / (gpu.bf16_dense_tflops * 1e12 * constants.mfu)
+    rate = ComputeRate(constants.mfu, constants.loss_bytes_per_logit, 0)
+    compute = constants.step_overhead_seconds + batch * rate.seconds_per_sample(arch, setting, gpu)
     optimizer = optimizer_seconds(arch, setting, gpu, constants.cpu_adam_seconds_per_param)
     return PriorEstimate(allocated, allocated * constants.fragmentation, compute + optimizer, compute, optimizer)
 
@@ -305,6 +319,7 @@ def _observations(records: Iterable[dict], catalog: dict[str, GpuSpec] | None) -
 
 def fit_constants(records: Iterable[dict], catalog: dict[str, GpuSpec] | None = None, scope: str = "calibrations") -> PriorConstants:
     """Learn the prior's constants from calibration records; defaults where too few records inform one."""
+    records = list(records)
     observations = _observations(records, catalog)
     if len(observations) < MIN_RECORDS_TO_FIT:
         return PriorConstants()
@@ -320,9 +335,19 @@ def fit_constants(records: Iterable[dict], catalog: dict[str, GpuSpec] | None = 
     fragmentation = float(np.median(reserved / measured[has_reserved])) if has_reserved.any() else DEFAULT_FRAGMENTATION
     reserved_margin = _upper_margin(reserved / (predicted[has_reserved] * fragmentation) - 1, DEFAULT_RESERVED_MARGIN)
 
-    mfu, cpu_adam, time_margin = _time_constants([o for o in observations if o.seconds])
-    return PriorConstants(static_scale, sample_scale, fragmentation, mfu, cpu_adam,
-                          memory_margin, reserved_margin, time_margin, scope, len(observations))
+    time = _time_constants([o for o in observations if o.seconds], _all_ladder_slopes(records))
+    return PriorConstants(static_scale=static_scale, sample_scale=sample_scale, fragmentation=fragmentation,
+                          memory_margin=memory_margin, reserved_margin=reserved_margin, scope=scope,
+                          n_records=len(observations), **time)
+
+
+def _all_ladder_slopes(records: list[dict]) -> list[LadderSlope]:
+    """Ladder slopes of every (setting, GPU) among the records."""
+    ladders: dict[tuple[str, str], list[dict]] = {}
+    for record in records:
+        if record.get("status") == "ok" and record.get("setting_key"):
+            ladders.setdefault((record["setting_key"], str(record.get("gpu_name"))), []).append(record)
+    return [slope for ladder in ladders.values() for slope in ladder_slopes(ladder)]
 
 
 def _memory_scales(features: np.ndarray, measured: np.ndarray) -> tuple[float, float]:
@@ -334,25 +359,28 @@ def _memory_scales(features: np.ndarray, measured: np.ndarray) -> tuple[float, f
     return static, sample
 
 
-def _time_constants(observations: list[_Observation]) -> tuple[float, float, float]:
-    """MFU from runs whose optimizer runs on the GPU, CPU-Adam speed from offloaded runs, and the time margin."""
+def _time_constants(observations: list[_Observation], slopes: list[LadderSlope]) -> dict:
+    """The compute rate from the ladders' large-batch slopes; the per-step overhead as the median of
+    what runs with the optimizer on the GPU spent beyond it; CPU-Adam speed from offloaded runs;
+    and the time margin."""
+    rate = fit_compute_rate(slopes) or ComputeRate(DEFAULT_MFU, DEFAULT_LOSS_BYTES_PER_LOGIT, 0)
+
+    def beyond_compute(o: _Observation) -> float:
+        return o.seconds - o.batch * rate.seconds_per_sample(o.arch, o.setting, o.gpu)
+
     on_gpu = [o for o in observations if not o.setting.offload_optimizer]
-    mfus = [step_flops(o.arch, o.setting, o.batch) / ((o.seconds - optimizer_seconds(o.arch, o.setting, o.gpu, 0.0))
-                                                      * o.gpu.bf16_dense_tflops * 1e12) for o in on_gpu]
-    mfu = statistics.median(mfus) if mfus else DEFAULT_MFU
-    offloaded = [o for o in observations if o.setting.offload_optimizer]
-    speeds = []
-    for o in offloaded:
-        compute = step_flops(o.arch, o.setting, o.batch) / (o.gpu.bf16_dense_tflops * 1e12 * mfu)
-        if o.seconds > compute:
-            speeds.append((o.seconds - compute) / setting_terms(o.arch, o.setting).optimizer_params)
-    cpu_adam = statistics.median(speeds) if speeds else DEFAULT_CPU_ADAM_SECONDS_PER_PARAM
+    overheads = [beyond_compute(o) - optimizer_seconds(o.arch, o.setting, o.gpu, 0.0) for o in on_gpu]
+    overhead = max(0.0, statistics.median(overheads)) if overheads else DEFAULT_STEP_OVERHEAD_SECONDS
+    speeds = [(beyond_compute(o) - overhead) / setting_terms(o.arch, o.setting).optimizer_params
+              for o in observations if o.setting.offload_optimizer and beyond_compute(o) > overhead]
+    time = {"mfu": rate.mfu, "loss_bytes_per_logit": rate.loss_bytes_per_logit, "step_overhead_seconds": overhead,
+            "cpu_adam_seconds_per_param": statistics.median(speeds) if speeds else DEFAULT_CPU_ADAM_SECONDS_PER_PARAM}
     if not observations:
-        return mfu, cpu_adam, DEFAULT_TIME_MARGIN
-    constants = PriorConstants(mfu=mfu, cpu_adam_seconds_per_param=cpu_adam)
+        return {**time, "time_margin": DEFAULT_TIME_MARGIN}
+    constants = PriorConstants(**time)
     errors = [o.seconds / prior_estimate(o.arch, o.setting, o.batch, o.gpu, constants).seconds_per_step - 1
               for o in observations]
-    return mfu, cpu_adam, _upper_margin(np.array(errors), DEFAULT_TIME_MARGIN)
+    return {**time, "time_margin": _upper_margin(np.array(errors), DEFAULT_TIME_MARGIN)}
 
 
 def _upper_margin(relative_errors: np.ndarray, default: float) -> float:
