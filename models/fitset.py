@@ -67,6 +67,8 @@ class FitSet:
             raise FtplanError(f"cannot read fits file {path}: {exc.strerror}") from None
         except json.JSONDecodeError as exc:
             raise FtplanError(f"fits file {path} is corrupt or truncated ({exc.msg} at line {exc.lineno})") from None
+        except UnicodeDecodeError:
+            raise FtplanError(f"fits file {path} is not text (a JSON file written by ftplan fit)") from None
         try:
             return cls.from_json(data)
         except FtplanError as exc:
