@@ -15,11 +15,12 @@ from calibration.settings import Setting
 from models.hardware import GIB, GpuSpec
 from planner.eta import estimate_eta
 from models.safe_batch import MemoryBudget
-from planner.search import Predictor, safe_prediction
+from planner.search import PlanRequest, Predictor, safe_prediction
 
 MEMORY_PNG = "memory_vs_batch.png"
 TIME_PNG = "seconds_per_step_vs_batch.png"
 COMPLETION_PNG = "time_to_completion_vs_batch.png"
+SCALING_PNG = "scaling_{model}_{gpu}.png"
 
 
 @dataclass(frozen=True)
@@ -167,3 +168,18 @@ def plot_completion(curves: list[Curves], dataset_size: int, epochs: float, path
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
+
+
+def plot_gpu_scaling(predictor: Predictor, inter_node_gbs: float, base: Setting, gpu: GpuSpec, budget: MemoryBudget,
+                     gpu_counts: list[int], gpus_per_node: int, dataset_size: int, epochs: float,
+                     extra: list[Setting], out: Path) -> Path:
+    """Speed-up and efficiency against GPU count of the best full and LoRA setup (models.scaling.plot_scaling)."""
+    from models.scaling import plot_scaling
+    from planner.gpu_counts import plan_gpu_counts
+
+    request = PlanRequest(base=base, dataset_size=dataset_size, epochs=epochs, gpu=gpu, budget=budget)
+    scaling = plan_gpu_counts(predictor, request, gpu_counts, gpus_per_node, extra)
+    between = f", {inter_node_gbs * 1000:g} MB/s between nodes"
+    tables = {f"{base.model} {'LoRA' if kind == 'lora' else kind}, {gpus_per_node}/node{between}": table
+              for kind, table in scaling.tables.items() if not table.empty and not table["speedup"].isna().all()}
+    return plot_scaling(tables, out / SCALING_PNG.format(model=base.model, gpu=gpu.name))

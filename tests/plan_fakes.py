@@ -6,11 +6,16 @@ physics says; they are not measurements and never leave the tests.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from calibration.settings import Setting
 from models.hardware import GIB, GpuSpec
 from models.prediction import Estimate, Prediction
+
+TEST_CACHE = Path(tempfile.gettempdir()) / f"ftplan-test-fit-cache-{os.getuid()}"  # shared by runs: it is only a cache
 
 
 @dataclass
@@ -61,6 +66,7 @@ def run_ftplan(args, capsys, monkeypatch):
     from planner.cli import main
 
     monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main() replaces it; restore afterwards
+    monkeypatch.setenv("FTPLAN_CACHE_DIR", str(TEST_CACHE))
     try:
         main(list(map(str, args)))
         code = 0
