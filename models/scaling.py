@@ -123,7 +123,7 @@ def plot_scaling(tables: dict[str, pd.DataFrame], path: Path) -> Path:
         axis.grid(True, alpha=0.3)
     speed.set_yscale("log", base=2)
     speed.set_ylabel("speed-up over one GPU")
-    efficiency.set_ylim(0, 1.05)
+    efficiency.set_ylim(0, max([1.0, *(t["efficiency"].max() for t in tables.values())]) * 1.05)  # superlinear with ZeRO
     efficiency.set_ylabel("scaling efficiency (speed-up / GPUs)")
     speed.legend()
     figure.tight_layout()
