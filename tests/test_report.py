@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 from plan_fakes import run_ftplan, write_external_jsonl
-from planner.plots import COMPLETION_PNG, MEMORY_PNG, TIME_PNG
+from planner.plots import COMPLETION_PNG, MEMORY_PNG, SCALING_PNG, TIME_PNG
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def test_report_writes_the_three_charts(tmp_path, capsys, monkeypatch):
+def test_report_writes_the_charts_including_scaling_against_gpu_count(tmp_path, capsys, monkeypatch):
     external = write_external_jsonl(tmp_path / "external.jsonl")
     out = tmp_path / "report"
     code, stdout, err = run_ftplan(["report", "--model", "qwen1.5-0.5b", "--calibrations", external, "--out", out,
-                                    "--dataset-size", 19692], capsys, monkeypatch)
+                                    "--dataset-size", 19692, "--gpus", "1..16", "--inter-node-bandwidth", "600MB/s"],
+                                   capsys, monkeypatch)
     assert code == 0, err
-    for name in (MEMORY_PNG, TIME_PNG, COMPLETION_PNG):
+    for name in (MEMORY_PNG, TIME_PNG, COMPLETION_PNG, SCALING_PNG.format(model="qwen1.5-0.5b", gpu="RTX-3090")):
         data = (out / name).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 20_000, name  # a real chart, not an empty canvas
         assert str(out / name) in stdout

@@ -1,0 +1,137 @@
+"""`ftplan plan` over GPU counts on the shipped H200 calibrations: scaling, the chosen count, links, inputs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from plan_fakes import run_ftplan
+
+PLAN = ["plan", "--model", "llama-3-8b", "--dataset-size", 19692, "--gpu", "H200"]
+
+
+def _json(args, capsys, monkeypatch) -> dict:
+    code, out, err = run_ftplan([*PLAN, *args, "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    return json.loads(out)
+
+
+@pytest.fixture(scope="module")
+def range_plan():
+    from _pytest.monkeypatch import MonkeyPatch
+    import contextlib
+    import io
+
+    from plan_fakes import TEST_CACHE
+    from planner.cli import main
+
+    with MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as out:
+        patch.setenv("FTPLAN_CACHE_DIR", str(TEST_CACHE))
+        main([*map(str, PLAN), "--gpus", "1,8,16", "--inter-node-bandwidth", "600MB/s", "--price-per-hour", "3",
+              "--max-hours", "0.5", "--json"])
+    return json.loads(out.getvalue())
+
+
+def test_scaling_table_has_full_and_lora_per_gpu_count_with_one_gpu_as_baseline(range_plan):
+    tables = range_plan["scaling"]["tables"]
+    assert set(tables) == {"full", "lora"}
+    lora = {row["gpus"]: row for row in tables["lora"]}
+    assert set(lora) == {1, 8, 16} and lora[1]["speedup"] == pytest.approx(1.0)
+    for row in lora.values():
+        assert row["efficiency"] == pytest.approx(row["speedup"] / row["gpus"])
+        assert row["samples_per_second"] == pytest.approx(row["micro_batch"] * row["gpus"] / row["seconds_per_step"])
+    assert lora[16]["setting"]["nodes"] == 2 and lora[16]["setting"]["gpus"] == 8
+
+
+def test_chosen_count_meets_max_hours_at_least_cost(range_plan):
+    scaling = range_plan["scaling"]
+    rows = [row for table in scaling["tables"].values() for row in table]
+    in_time = [row for row in rows if row["hours"] <= 0.5]
+    chosen = scaling["chosen"]
+    picked = next(r for r in scaling["tables"][chosen["training"]] if r["gpus"] == chosen["gpus"])
+    assert picked["hours"] <= 0.5 and picked["cost"] == pytest.approx(min(r["cost"] for r in in_time))
+    assert range_plan["recommendation"]["setting"]["gpus"] * range_plan["recommendation"]["setting"]["nodes"] == chosen["gpus"]
+
+
+def test_lora_traffic_keeps_scaling_across_a_slow_network_where_full_fine_tuning_stalls(range_plan):
+    lora = {row["gpus"]: row for row in range_plan["scaling"]["tables"]["lora"]}
+    full = {row["gpus"]: row for row in range_plan["scaling"]["tables"]["full"]}
+    # 16 GPUs span two nodes over 600 MB/s: full fine-tuning sends every gradient across it, LoRA its adapters
+    assert lora[16]["samples_per_second"] / lora[8]["samples_per_second"] > 1.5
+    assert full[16]["samples_per_second"] / full[8]["samples_per_second"] < lora[16]["samples_per_second"] / lora[8]["samples_per_second"]
+
+
+def test_more_bandwidth_between_nodes_is_never_slower():
+    from calibration.records import read_records
+    from calibration.settings import Setting
+    from models.communication import links_from_catalog
+    from models.hardware import find_gpu
+    from models.paths import calibrations_dir
+    from models.predictor import Predictor
+    from models.safe_batch import MemoryBudget
+    from planner.gpu_counts import plan_at
+    from planner.search import PlanRequest
+
+    records, gpu = read_records([calibrations_dir()]), find_gpu("H200")
+    request = PlanRequest(base=Setting("llama-3-8b"), dataset_size=19692, epochs=1, gpu=gpu,
+                          budget=MemoryBudget(gpu.memory_bytes))
+    hours = []
+    for inter in ("cloud", "100gbe", "ib-ndr"):
+        predictor = Predictor.from_records(records, links=links_from_catalog(intra="nvlink4", inter=inter))
+        plan = plan_at(predictor, request, 32, 8).plan
+        hours.append({s.setting: s.eta.hours for s in plan.ranked})
+    for slow, fast in zip(hours, hours[1:]):
+        assert all(fast[s] <= slow[s] * (1 + 1e-9) for s in slow)
+
+
+@pytest.mark.parametrize("value, gbs, latency_us", [("25Gbit/s", 3.125, 250), ("cloud", 0.625, 250),
+                                                    ("100gbe", 12.5, 9.6), ("2", 2.0, 250)])
+def test_inter_node_bandwidth_accepts_rates_and_link_names(value, gbs, latency_us, capsys, monkeypatch):
+    plan = _json(["--gpus", 16, "--inter-node-bandwidth", value, "--lora-ranks", 16], capsys, monkeypatch)
+    assert plan["links"]["inter_node_gbs"] == pytest.approx(gbs)
+    assert plan["links"]["inter_latency_s"] * 1e6 == pytest.approx(latency_us)
+    assert plan["recommendation"]["setting"]["nodes"] == 2
+
+
+def test_user_calibrations_folder_is_read_by_default_and_training_runs_are_counted(tmp_path, capsys, monkeypatch):
+    from models.paths import calibrations_dir
+
+    shipped = (calibrations_dir() / "h200.jsonl").read_text().splitlines()
+    ours = json.loads(shipped[16])  # an ok llama-3-8b LoRA trial
+    ours["source"] = "trainer_callback"
+    (tmp_path / "calibrations").mkdir()
+    (tmp_path / "calibrations" / "mine.jsonl").write_text(json.dumps(ours) + "\n")
+    monkeypatch.chdir(tmp_path)
+    plan = _json([], capsys, monkeypatch)
+    assert [(i["path"], i["records"], i["from_training_runs"]) for i in plan["inputs"]] == [
+        (str(calibrations_dir()), len(shipped), 0), ("calibrations", 1, 1)]
+    code, out, _ = run_ftplan(PLAN, capsys, monkeypatch)
+    assert code == 0 and "1 of 46 records come from real training runs" in out
+
+
+def test_offload_rows_of_the_8b_model_say_its_offload_trial_failed(capsys, monkeypatch):
+    plan = _json([], capsys, monkeypatch)
+    setups = {s["label"]: s for s in plan["ranked"] + plan["cannot_fit"]}
+    assert "host out of memory" in setups["zero2+offload full gc s2048"]["calibration_failed"]
+    assert any("96 GB per node" in note for note in plan["unmeasured"])
+    code, out, _ = run_ftplan(PLAN, capsys, monkeypatch)
+    assert "unmeasured: trial failed" in out and "prior, unmeasured" in out
+
+
+def test_fit_cache_returns_the_same_fits_and_refits_when_a_file_changes(tmp_path, monkeypatch):
+    from calibration.records import read_records
+    from models.paths import calibrations_dir
+    from planner.fit_cache import cache_key, cached_fits
+
+    monkeypatch.setenv("FTPLAN_CACHE_DIR", str(tmp_path / "cache"))
+    data = tmp_path / "h200.jsonl"
+    shutil.copy(calibrations_dir() / "h200.jsonl", data)
+    records = read_records([data])
+    fitted = cached_fits(records, [data])
+    assert len(list((tmp_path / "cache").glob("fits-*.json"))) == 1
+    assert [f.to_json() for f in cached_fits(records, [data]).fits] == [f.to_json() for f in fitted.fits]
+    key = cache_key([data])
+    data.write_text(data.read_text() + "\n")
+    assert cache_key([data]) != key
