@@ -2,8 +2,11 @@
 
 For every calibrated (setting, seq_len) with at least five ok batch sizes: fit on the three
 smallest and predict every larger healthy one (points at the allocator wall are the fit's
-observed limit, not something it predicts). Where a setting has three or more sequence lengths,
-also fit on all but one and predict the one left out. The predicted largest safe batch comes
+observed limit, not something it predicts); step time also uses the compute rate learnt from the
+*other* settings on the same GPU (never the setting itself, whatever its allocator configuration).
+Where a setting has three or more sequence lengths, also fit on all but one and predict the one
+left out. The analytic prior is scored too (benchmarks/prior_accuracy.py, under "prior"): leave
+one model, one setting or one sequence length out. The predicted largest safe batch comes
 from `models.fit.largest_safe_batch`, the rule the planner uses.
 
     python benchmarks/accuracy.py [--json] [--data PATH ...] [--external DIR]
@@ -26,6 +29,8 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
 
 from benchmarks.external import DEFAULT_DIR, load_external  # noqa: E402
+from benchmarks.prior_accuracy import benchmark as prior_benchmark  # noqa: E402
+from benchmarks.prior_accuracy import print_result as print_prior  # noqa: E402
 from calibration.records import read_records  # noqa: E402
 from models.errors import FtplanError  # noqa: E402
 from models.fit import (SAFETY_MARGIN, compute_rate_for, fit_setting, group_records,  # noqa: E402
@@ -145,11 +150,6 @@ def _summary(rows: list[dict]) -> dict:
     return summary
 
 
-# Leave-one-model-out evaluation of the analytic prior: owned by the prior's engineer. It belongs in
-# this file as a function returning rows shaped like `_errors`' (kind "left-out model"), pooled by
-# `_summary` under its own key prefix, like the sequence-length hold-out above.
-
-
 def _table(title: str, result: dict) -> Table:
     table = Table(title=title)
     for column in ("held out", "setting", "GPU", "train", "n", "alloc med/max %", "reserved med/max %",
@@ -174,7 +174,7 @@ def _overall(title: str, result: dict) -> Table:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in result.items():
-        if key != "settings":
+        if key not in ("settings", "prior", "external"):
             table.add_row(key, "-" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value))
     return table
 
@@ -193,18 +193,20 @@ def main(as_json: bool, paths: tuple[Path, ...], external: Path) -> None:
             own = read_records(paths or [calibrations_dir()])
     except FtplanError as exc:
         raise click.ClickException(str(exc)) from None
-    result = evaluate(own)
+    result = {**evaluate(own), "prior": prior_benchmark(own)}
     public = load_external(external)
-    result["external"] = evaluate(public) if public else None
+    result["external"] = {**evaluate(public), "prior": prior_benchmark(public)} if public else None
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return
     console = Console()
     console.print(_table("ftplan calibrations: held-out accuracy", result))
-    console.print(_overall("ftplan calibrations: overall", {k: v for k, v in result.items() if k != "external"}))
+    console.print(_overall("ftplan calibrations: overall", result))
+    print_prior("ftplan calibrations: the prior on what it never saw", result["prior"], console)
     if public:
         console.print(_table(f"public measurements ({external}): held-out accuracy", result["external"]))
         console.print(_overall("public measurements: overall", result["external"]))
+        print_prior("public measurements: the prior on what it never saw", result["external"]["prior"], console)
 
 
 if __name__ == "__main__":

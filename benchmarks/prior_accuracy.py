@@ -1,8 +1,8 @@
-"""How well ftplan predicts what it never calibrated: leave-one-model-out and leave-one-setting-out.
+"""How well ftplan predicts what it never calibrated: leave one model, setting or sequence length out.
 
 For each held-out group (every record of one model, or of one setting regardless of allocator
-configuration), a Predictor is built from the other records only and asked for every held-out ok
-record; without a relative to build on it answers from the analytic prior with constants fitted on
+configuration; or one sequence length of a setting calibrated at several), a Predictor is built
+from the other records only and asked for every held-out ok record; without a relative to build on it answers from the analytic prior with constants fitted on
 the rest. Printed: median and max absolute % error of peak allocated, peak reserved and step time,
 for ftplan's own records (data/calibrations/) and, separately, the public measurements
 (benchmarks/external.py), never mixed. Also prints the constants fitted on each whole data set,
@@ -42,18 +42,28 @@ def _setting_of(record: dict) -> str:
     return Setting.from_dict(record).with_(alloc_conf="").key()
 
 
-def held_out_errors(records: list[dict], group_of: Callable[[dict], str]) -> dict[str, list[float]]:
-    """Absolute % errors per quantity when each group is predicted from the other groups alone."""
+def _has_other_lengths(records: list[dict]) -> Callable[[dict], bool]:
+    """Records of settings calibrated at several sequence lengths: those a left-out length tests."""
+    lengths: dict[str, set[int]] = {}
+    for r in records:
+        lengths.setdefault(Setting.from_dict(r).with_(alloc_conf="", seq_len=1).key(), set()).add(r["seq_len"])
+    return lambda r: len(lengths[Setting.from_dict(r).with_(alloc_conf="", seq_len=1).key()]) > 1
+
+
+def held_out_errors(records: list[dict], group_of: Callable[[dict], str],
+                    judged: Callable[[dict], bool] = lambda r: True) -> dict[str, dict[str, list[float]]]:
+    """Absolute % errors per held-out group and quantity when each group is predicted from the others alone."""
     catalog = load_catalog()
-    errors: dict[str, list[float]] = {name: [] for name, _ in QUANTITIES}
-    groups = sorted({group_of(r) for r in records})
-    if len(groups) < 2:
-        return errors
+    found: dict[str, dict[str, list[float]]] = {}
+    groups = sorted({group_of(r) for r in records if judged(r)})
+    if len({group_of(r) for r in records}) < 2:
+        return found
     for group in groups:
         rest = [r for r in records if group_of(r) != group]
         predictor = Predictor.from_records(rest, gpu_catalog=catalog)
         for record in records:
-            if group_of(record) != group or record["status"] != "ok" or record.get("device", "cuda") != "cuda":
+            if (group_of(record) != group or not judged(record) or record["status"] != "ok"
+                    or record.get("device", "cuda") != "cuda"):
                 continue
             try:
                 gpu = find_gpu(str(record["gpu_name"]), catalog)
@@ -62,19 +72,29 @@ def held_out_errors(records: list[dict], group_of: Callable[[dict], str]) -> dic
             prediction = predictor.predict(Setting.from_dict(record), record["micro_batch"], gpu)
             predicted = {"memory": prediction.peak_allocated.mean, "reserved": prediction.peak_reserved.mean,
                          "time": prediction.seconds_per_step.mean}
+            errors = found.setdefault(f"{record['model']} {Setting.from_dict(record).label()} on {gpu.name}",
+                                      {name: [] for name, _ in QUANTITIES})
             for name, key in QUANTITIES:
                 if record.get(key):
                     errors[name].append(abs(predicted[name] / record[key] - 1) * 100)
-    return errors
+    return found
 
 
-def summarise(errors: dict[str, list[float]]) -> dict:
-    summary = {}
-    for name, values in errors.items():
-        summary[f"{name}_median_abs_pct_error"] = float(np.median(values)) if values else None
-        summary[f"{name}_max_abs_pct_error"] = float(np.max(values)) if values else None
-        summary[f"{name}_cases"] = len(values)
-    return summary
+def summarise(per_group: dict[str, dict[str, list[float]]]) -> dict:
+    """Median and max over every held-out case, and the same per held-out setting."""
+    def stats(errors: dict[str, list[float]]) -> dict:
+        summary = {}
+        for name, values in errors.items():
+            summary[f"{name}_median_abs_pct_error"] = float(np.median(values)) if values else None
+            summary[f"{name}_max_abs_pct_error"] = float(np.max(values)) if values else None
+            summary[f"{name}_cases"] = len(values)
+        return summary
+
+    pooled = {name: [e for group in per_group.values() for e in group[name]] for name, _ in QUANTITIES}
+    return {**stats(pooled), "per_setting": {label: stats(errors) for label, errors in sorted(per_group.items())}}
+
+
+SPLITS = ("leave_one_model_out", "leave_one_setting_out", "leave_one_seq_len_out")
 
 
 def benchmark(records: list[dict]) -> dict:
@@ -82,17 +102,20 @@ def benchmark(records: list[dict]) -> dict:
     return {"records": len(records),
             "leave_one_model_out": summarise(held_out_errors(records, _model_of)),
             "leave_one_setting_out": summarise(held_out_errors(records, _setting_of)),
+            "leave_one_seq_len_out": summarise(held_out_errors(records, _setting_of, _has_other_lengths(records))),
             "fitted_constants": {k: v for k, v in vars(constants).items() if k != "scope"}}
 
 
-def _print(title: str, result: dict, console: Console) -> None:
+def print_result(title: str, result: dict, console: Console) -> None:
     table = Table("held out", "cases", *(f"{q} median / max abs %" for q, _ in QUANTITIES),
                   title=f"{title} ({result['records']} records)")
-    for split in ("leave_one_model_out", "leave_one_setting_out"):
-        row = result[split]
-        cells = [f"{row[f'{q}_median_abs_pct_error']:.1f} / {row[f'{q}_max_abs_pct_error']:.1f}"
-                 if row[f"{q}_cases"] else "n/a" for q, _ in QUANTITIES]
-        table.add_row(split.replace("_", " "), str(row["memory_cases"]), *cells)
+    for split in SPLITS:
+        rows = [(split.replace("_", " "), result[split])]
+        rows += [(f"  {label}", row) for label, row in result[split]["per_setting"].items()] if split != "leave_one_model_out" else []
+        for name, row in rows:
+            cells = [f"{row[f'{q}_median_abs_pct_error']:.1f} / {row[f'{q}_max_abs_pct_error']:.1f}"
+                     if row[f"{q}_cases"] else "n/a" for q, _ in QUANTITIES]
+            table.add_row(name, str(row["memory_cases"]), *cells)
     console.print(table)
     console.print("constants fitted on all of it: " + ", ".join(
         f"{k}={v:.4g}" for k, v in result["fitted_constants"].items()))
@@ -111,8 +134,8 @@ def main(as_json: bool) -> None:
         click.echo(json.dumps(results, indent=2))
         return
     console = Console(width=160)
-    _print("ftplan's own calibrations (data/calibrations)", results["ftplan_calibrations"], console)
-    _print("public measurements (gpjt/fine-tune-2024-04, not ftplan's)", results["public_measurements"], console)
+    print_result("ftplan's own calibrations (data/calibrations)", results["ftplan_calibrations"], console)
+    print_result("public measurements (gpjt/fine-tune-2024-04, not ftplan's)", results["public_measurements"], console)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from calibration.records import build_record
 from calibration.settings import Setting
-from models.fit import fit_setting, largest_safe_batch
-from models.fitset import fit_records
+from models.fit import compute_rate_for, fit_setting, largest_safe_batch
+from models.fitset import FitSet, fit_records
+from models.prior import ladder_slopes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.external import DEFAULT_DIR, load_external  # noqa: E402
@@ -140,3 +141,34 @@ def test_launch_bound_small_batches_far_from_capacity_are_not_a_wall():
     fit = fit_setting(synthetic_records(list(times), seconds=lambda b, s: times[b]))
     assert fit.wall_batches(2048) == []
     assert fit.seconds_per_step(32, 2048).mean == pytest.approx(0.58, rel=0.05)
+
+
+def test_compute_rate_from_other_settings_lifts_a_launch_bound_slope():
+    """Batches 1-4 on a flat launch floor say nothing about the slope; other settings' ladders do."""
+    floor = lambda b, s: max(0.3, 0.02 + 0.1 * b)  # noqa: E731 - launch-bound up to batch 2
+    own = synthetic_records([1, 2, 3], seconds=floor)
+    others = synthetic_records([8, 16, 32], seconds=floor, setting=SETTING.with_(gradient_checkpointing=False))
+    rate = compute_rate_for("H200", ladder_slopes(others))
+    plain, informed = fit_setting(own), fit_setting(own, rate)
+    assert plain.seconds_per_step(16, 2048).mean < 0.8 * floor(16, 2048)
+    assert informed.seconds_per_step(16, 2048).mean > plain.seconds_per_step(16, 2048).mean
+    for record in own:  # the added line stays at or below every calibrated point
+        assert informed.seconds_per_step(record["micro_batch"], 2048).mean == pytest.approx(
+            plain.seconds_per_step(record["micro_batch"], 2048).mean, rel=1e-6)
+
+
+def test_fits_keep_their_compute_rate_through_json(tmp_path):
+    records = synthetic_records([1, 2, 3]) + synthetic_records([4, 8], setting=SETTING.with_(liger=True))
+    fits = fit_records(records)
+    assert all(fit.compute_rate is not None for fit in fits.fits)
+    path = tmp_path / "fits.json"
+    fits.save(path)
+    assert FitSet.load(path).fits == fits.fits
+
+
+@needs_external
+def test_safe_batch_of_public_3090_ladder_is_its_largest_fitting_batch():
+    """Upper bound of reserved = allocated bound + largest observed overhead; 2% of the card kept free."""
+    records = [r for r in load_external() if r["offload_optimizer"]]
+    fit = fit_setting([r for r in records if r["micro_batch"] <= 3])
+    assert largest_safe_batch(fit, 2048, fit.capacity_bytes) == 5  # batch 6 ran out of memory

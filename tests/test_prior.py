@@ -11,7 +11,8 @@ from calibration.settings import Setting
 from models.architecture import load_architecture
 from models.bytes_per_param import frozen_param_bytes, trainable_param_bytes
 from models.hardware import find_gpu
-from models.prior import PriorConstants, fit_constants, memory_terms, prior_estimate, step_flops
+from models.prior import (ComputeRate, LadderSlope, PriorConstants, fit_compute_rate, fit_constants, memory_terms,
+                          prior_estimate, step_flops)
 
 LLAMA_1B = load_architecture("llama-3.2-1b")
 H200 = find_gpu("H200")
@@ -128,3 +129,22 @@ def test_fit_constants_recovers_the_constants_behind_the_records():
 
 def test_without_records_the_documented_defaults_apply():
     assert fit_constants([]) == PriorConstants()
+
+
+def test_frozen_lora_base_is_half_precision_without_autocast_copies_under_bf16():
+    """H200 Llama-3-8B LoRA r16: ~15.6 GiB static for 8.0e9 parameters, i.e. 2 bytes each."""
+    frozen = frozen_param_bytes(Setting("llama-3-8b", lora_rank=16))
+    assert (frozen.resident, frozen.autocast_copies) == (2, 0)
+    assert frozen_param_bytes(Setting("llama-3-8b", lora_rank=16, precision="fp32")).resident == 4
+
+
+def test_compute_rate_tells_loss_traffic_from_mfu_only_with_fused_and_unfused_ladders():
+    truth = ComputeRate(mfu=0.4, loss_bytes_per_logit=60.0, n_ladders=0)
+    settings = [Setting("qwen2.5-0.5b"), Setting("qwen2.5-0.5b", liger=True), Setting("llama-3.2-1b"),
+                Setting("llama-3.2-1b", liger=True)]
+    ladders = [LadderSlope(load_architecture(s.model), s, H200,
+                           truth.seconds_per_sample(load_architecture(s.model), s, H200)) for s in settings]
+    fitted = fit_compute_rate(ladders)
+    assert (fitted.mfu, fitted.loss_bytes_per_logit) == (pytest.approx(0.4), pytest.approx(60.0))
+    unfused_only = fit_compute_rate([ladder for ladder in ladders if not ladder.setting.liger])
+    assert unfused_only.loss_bytes_per_logit == 0.0  # not identifiable: MFU alone
