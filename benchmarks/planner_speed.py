@@ -1,44 +1,64 @@
-"""How fast `ftplan plan` answers: importing the planner (must not import torch) and searching every setup.
+"""How fast `ftplan plan` answers: imports (never torch), reading and fitting the calibrations (cold and from
+the JSON fit cache), the setup search on one GPU and over GPU counts 1..128, and the whole command.
 
 Run: python benchmarks/planner_speed.py [--model llama-3-8b] [--gpu H200] [--calibrations PATH]
-Prints the import time, whether torch was imported, the predictor fitting time and the plan time.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-IMPORT_PROBE = ("import sys, time; t = time.perf_counter(); import planner.cli, planner.search, planner.render; "
+IMPORT_PROBE = ("import sys, time; t = time.perf_counter(); import {module}; "
                 "print(time.perf_counter() - t, 'torch' in sys.modules)")
 
 
-def import_seconds() -> tuple[float, bool]:
+def import_seconds(module: str) -> tuple[float, bool]:
     """Import time in a fresh interpreter, and whether torch came along."""
-    out = subprocess.run([sys.executable, "-c", IMPORT_PROBE], capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run([sys.executable, "-c", IMPORT_PROBE.format(module=module)], capture_output=True, text=True,
+                         check=True).stdout.split()
     return float(out[0]), out[1] == "True"
 
 
-def plan_seconds(model: str, gpu: str, calibrations: list[Path], dataset_size: int) -> tuple[float, float, int]:
-    """(seconds to load records and fit the predictor, seconds for the whole setup search, setups searched)."""
+def planner_seconds(model: str, gpu: str, calibrations: list[Path], dataset_size: int) -> dict[str, float]:
+    """Seconds of each stage of the planner's own work, in this (already imported) interpreter."""
     from calibration.settings import Setting
     from models.hardware import find_gpu, load_catalog
+    from models.scaling import parse_gpu_counts
+    from planner.gpu_counts import plan_gpu_counts
     from planner.inputs import load_evidence
     from planner.search import PlanRequest, make_plan
 
-    start = time.perf_counter()
-    catalog = load_catalog()
-    card = find_gpu(gpu, catalog)
-    evidence = load_evidence(calibrations, catalog)
-    fitted = time.perf_counter()
+    timings = {}
+    for cache in ("cold", "cached"):
+        start = time.perf_counter()
+        catalog = load_catalog()
+        card = find_gpu(gpu, catalog)
+        evidence = load_evidence(calibrations, catalog)
+        links, _ = evidence.links(card)
+        predictor = evidence.predictor_with(links)
+        timings[f"read records + fit ({cache})"] = time.perf_counter() - start
     request = PlanRequest(base=Setting(model=model), dataset_size=dataset_size, epochs=1, gpu=card,
-                          budget=evidence.budget(card, 0.05, 0.0))
-    plan = make_plan(evidence.predictor, request, evidence.calibrated_settings(model))
-    done = time.perf_counter()
-    return fitted - start, done - fitted, len(plan.ranked) + len(plan.too_slow) + len(plan.unfit)
+                          budget=evidence.budget(card, 0.02, 0.0))
+    start = time.perf_counter()
+    make_plan(predictor, request, evidence.calibrated_settings(model))
+    timings["setup search, 1 GPU"] = time.perf_counter() - start
+    start = time.perf_counter()
+    plan_gpu_counts(evidence.predictor_with(links), request, parse_gpu_counts("1..128"), 8,
+                    evidence.calibrated_settings(model))
+    timings["setup search, GPU counts 1..128"] = time.perf_counter() - start
+    return timings
+
+
+def command_seconds(args: list[str], env: dict) -> float:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "planner", *args], check=True, capture_output=True, env=env)
+    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -48,11 +68,18 @@ def main() -> None:
     parser.add_argument("--dataset-size", type=int, default=19692)
     parser.add_argument("--calibrations", type=Path, action="append", default=[])
     args = parser.parse_args()
-    seconds, torch_imported = import_seconds()
-    print(f"import planner: {seconds:.2f} s, torch imported: {torch_imported}")
-    fit, search, setups = plan_seconds(args.model, args.gpu, args.calibrations, args.dataset_size)
-    print(f"load records + fit predictor: {fit:.2f} s")
-    print(f"plan search over {setups} setups: {search:.3f} s")
+    for module in ("planner.cli", "planner.commands.plan"):
+        seconds, torch_imported = import_seconds(module)
+        print(f"import {module}: {seconds:.2f} s, torch imported: {torch_imported}")
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["FTPLAN_CACHE_DIR"] = cache
+        for stage, seconds in planner_seconds(args.model, args.gpu, args.calibrations, args.dataset_size).items():
+            print(f"{stage}: {seconds:.3f} s")
+        plan = ["plan", "--model", args.model, "--dataset-size", str(args.dataset_size), "--gpu", args.gpu,
+                *[f"--calibrations={c}" for c in args.calibrations]]
+        env = {**os.environ, "FTPLAN_CACHE_DIR": cache}
+        print(f"whole command `ftplan {' '.join(plan[:7])}` (fits cached): {command_seconds(plan, env):.2f} s")
+        print(f"same with --gpus 1..128: {command_seconds([*plan, '--gpus', '1..128'], env):.2f} s")
 
 
 if __name__ == "__main__":

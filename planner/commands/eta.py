@@ -10,7 +10,7 @@ import click
 from models.hardware import find_gpu, load_catalog
 from planner.commands.options import setting_from_options, setting_options
 from planner.eta import estimate_eta
-from planner.inputs import budget_options, calibrations_option, gpu_options, load_evidence
+from planner.inputs import budget_options, calibrations_option, gpu_options, link_options, load_evidence
 from planner.render import eta_lines, eta_to_dict, prediction_to_dict
 from planner.search import fits_budget
 
@@ -22,11 +22,13 @@ from planner.search import fits_budget
 @click.option("--epochs", type=float, default=1.0, show_default=True)
 @click.option("--price-per-hour", type=float, default=None, help="Price per GPU-hour; cost = hours × price × GPUs.")
 @gpu_options
+@link_options
 @budget_options
 @calibrations_option
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON.")
 def command(batch_size: int, dataset_size: int, epochs: float, price_per_hour: float | None, gpu_name: str,
-            gpu_specs: Path | None, safety_margin: float, context_reserve_gib: float, calibrations: tuple[Path, ...],
+            gpu_specs: Path | None, intra_node_bandwidth: str | None,
+            inter_node_bandwidth: str | None, safety_margin: float, context_reserve_gib: float, calibrations: tuple[Path, ...],
             as_json: bool, **options) -> None:
     """How long one configuration takes to finish, what it costs, and whether it fits in memory."""
     from models.errors import FtplanError
@@ -40,7 +42,8 @@ def command(batch_size: int, dataset_size: int, epochs: float, price_per_hour: f
     gpu = find_gpu(gpu_name, catalog)
     evidence = load_evidence(calibrations, catalog)
     budget = evidence.budget(gpu, safety_margin, context_reserve_gib)
-    prediction = evidence.predictor.predict(setting, batch_size, gpu)
+    links, _ = evidence.links(gpu, intra_node_bandwidth, inter_node_bandwidth)
+    prediction = evidence.predictor_with(links).predict(setting, batch_size, gpu)
     eta = estimate_eta(prediction.seconds_per_step.mean, dataset_size, epochs, batch_size, setting.world_size,
                        price_per_hour)
     fits = fits_budget(prediction, budget)
