@@ -7,7 +7,7 @@ observed limit, not something it predicts); step time also uses the compute rate
 Where a setting has three or more sequence lengths, also fit on all but one and predict the one
 left out. The analytic prior is scored too (benchmarks/prior_accuracy.py, under "prior"): leave
 one model, one setting or one sequence length out. The predicted largest safe batch comes
-from `models.fit.largest_safe_batch`, the rule the planner uses.
+from `models.safe_batch`, the rule the planner uses.
 
     python benchmarks/accuracy.py [--json] [--data PATH ...] [--external DIR]
 
@@ -33,9 +33,9 @@ from benchmarks.prior_accuracy import benchmark as prior_benchmark  # noqa: E402
 from benchmarks.prior_accuracy import print_result as print_prior  # noqa: E402
 from calibration.records import read_records  # noqa: E402
 from models.errors import FtplanError  # noqa: E402
-from models.fit import (SAFETY_MARGIN, compute_rate_for, fit_setting, group_records,  # noqa: E402
-                        largest_safe_batch, setting_without_seq_len)
+from models.fit import compute_rate_for, fit_setting, group_records, setting_without_seq_len  # noqa: E402
 from models.prior import ladder_slopes  # noqa: E402
+from models.safe_batch import MemoryBudget, fit_largest_safe_batch  # noqa: E402
 from models.paths import calibrations_dir  # noqa: E402
 from models.wall import reserved_capped, wall_batches  # noqa: E402
 
@@ -129,7 +129,7 @@ def _max_batch(fit, group: list[dict], ok: list[dict], walls: set[int], seq: int
     if limit is None or not capacity:
         return {"predicted_max_batch": None, "measured_max_batch": None}
     measured = max((r["micro_batch"] for r in ok if r["micro_batch"] < limit), default=0)
-    return {"predicted_max_batch": largest_safe_batch(fit, seq, capacity, SAFETY_MARGIN),
+    return {"predicted_max_batch": fit_largest_safe_batch(fit, seq, MemoryBudget(capacity)),
             "measured_max_batch": measured}
 
 

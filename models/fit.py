@@ -2,8 +2,8 @@
 
 One SettingFit per (setting without seq_len, GPU): it holds the records it came from, curves of
 peak allocated memory and seconds per step, the allocator's overhead on top of allocated (which
-makes reserved), and what the ladder observed at the top (the allocator wall, the first OOM). `largest_safe_batch` is the one rule that turns a fit and a
-card into a batch size; the planner and the accuracy benchmark both use it.
+makes reserved), and what the ladder observed at the top (the allocator wall, the first OOM). The
+rule that turns a fit and a card into a batch size lives in models/safe_batch.py.
 """
 
 from __future__ import annotations
@@ -233,24 +233,12 @@ def _columns(records: list[dict], key: str) -> tuple[list[int], list[int], list[
     return ([r["micro_batch"] for r in records], [r["seq_len"] for r in records], [float(r[key]) for r in records])
 
 
-def largest_safe_batch(fit: SettingFit, seq_len: int, capacity_bytes: int,
-                       margin: float = SAFETY_MARGIN) -> int:
-    """Largest micro-batch whose upper bound of reserved memory stays under capacity·(1 − margin).
+def largest_safe_batch(fit: SettingFit, seq_len: int, capacity_bytes: int, margin: float = SAFETY_MARGIN) -> int:
+    """models/safe_batch.py's rule for one fit on a card of this capacity (imported here lazily:
+    that module builds on this one)."""
+    from models.safe_batch import MemoryBudget, fit_largest_safe_batch
 
-    It stays below any batch observed at the wall or OOM; 0 when not even batch 1 fits.
-    Memory is non-decreasing in batch, so a bisection finds it.
-    """
-    budget = capacity_bytes * (1 - margin)
-    limit = fit.observed_limit(seq_len)
-    ceiling = min(MAX_BATCH, limit - 1) if limit else MAX_BATCH
-    low, high = 0, ceiling  # fits(low) holds; search the largest batch that fits
-    while low < high:
-        middle = (low + high + 1) // 2
-        if fit.peak_reserved(middle, seq_len).upper <= budget:
-            low = middle
-        else:
-            high = middle - 1
-    return low
+    return fit_largest_safe_batch(fit, seq_len, MemoryBudget(capacity_bytes, margin))
 
 
 def group_records(records: list[dict]) -> list[list[dict]]:
