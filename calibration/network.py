@@ -27,7 +27,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
-from sklearn.linear_model import LinearRegression
 
 from calibration import launcher
 from calibration.records import SCHEMA_VERSION, append_record
@@ -108,6 +107,8 @@ def fit_alpha_beta(table: pd.DataFrame, ranks: int) -> AlphaBeta:
     small, latency-bound messages count as much as the large, bandwidth-bound ones."""
     moved = table["bytes"].to_numpy(float) * 2 * (ranks - 1) / ranks
     seconds = table["seconds"].to_numpy(float)
+    from sklearn.linear_model import LinearRegression  # lazy: keeps `ftplan` start-up fast
+
     model = LinearRegression().fit(moved.reshape(-1, 1), seconds, sample_weight=1 / seconds**2)
     slope, intercept = float(model.coef_[0]), float(model.intercept_)
     if slope <= 0 or intercept <= 0:

@@ -16,8 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from sklearn.linear_model import LinearRegression
-from sklearn.metrics import r2_score
 
 from models.prediction import Estimate
 
@@ -147,6 +145,8 @@ def _positive_line(x: np.ndarray, y: np.ndarray) -> Line:
         return Line(float(y[0]), tuple(0.0 for _ in range(x.shape[1])))
     scale = x.max(axis=0)
     scale[scale == 0] = 1.0
+    from sklearn.linear_model import LinearRegression  # lazy: a cached plan never fits
+
     model = LinearRegression(positive=True).fit(x / scale, y)
     return Line(float(model.intercept_), tuple(float(c) for c in model.coef_ / scale))
 
@@ -157,6 +157,8 @@ def _finish(lines: tuple[Line, ...], seq_ref: int | None, x: np.ndarray, y: np.n
     params = sum(1 + len(line.slopes) for line in lines)
     dof = len(y) - params
     sigma = float(np.sqrt(_sse(y, fitted) / dof)) if dof > 0 else 0.0
+    from sklearn.metrics import r2_score
+
     r2 = float(r2_score(y, fitted)) if len(y) > 2 and np.ptp(y) > 0 else None
     return Curve(lines=lines, seq_ref=seq_ref, sigma=sigma, floor_fraction=floor_fraction,
                  feature_max=float(x[:, 0].max()), n_points=len(y), r2=r2)

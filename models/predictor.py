@@ -46,14 +46,14 @@ class Predictor:
     """Predicts per-GPU peak memory and seconds per step; cached, so thousands of calls stay under a second."""
 
     def __init__(self, records: list[dict], fits: FitSet, gpu_catalog: dict[str, GpuSpec] | None = None,
-                 links: Links | None = None):
+                 links: Links | None = None, constants: dict[str, PriorConstants] | None = None):
         self._records = [r for r in records if r.get("status") in ("ok", "oom")]
         self._fits = fits
         self._catalog = gpu_catalog if gpu_catalog is not None else load_catalog()
         self._links = links
         self._fit_gpus = self._canonical_fit_gpus()
         self._alloc_confs = sorted({str(r.get("alloc_conf", "")) for r in self._records})
-        self._constants: dict[str, PriorConstants] = {}
+        self._constants: dict[str, PriorConstants] = dict(constants or {})  # e.g. from planner.fit_cache
         self._overlaps: dict[Links, float] = {}
         self._catalog_links: dict[str, Links] = {}
         self._evidence_cache: dict[tuple[Setting, GpuSpec], _Evidence | None] = {}
@@ -82,6 +82,12 @@ class Predictor:
         if key not in self._cache:
             self._cache[key] = self._predict(setting, micro_batch, gpu)
         return self._cache[key]
+
+    def all_constants(self) -> dict[str, PriorConstants]:
+        """Constants for every calibrated model, learned now, so a cache can store them."""
+        for model in {str(r.get("model")) for r in self._records}:
+            self.constants_for(model)
+        return dict(self._constants)
 
     def constants_for(self, model: str) -> PriorConstants:
         """The prior's constants learned from this model's records, else all records, else defaults."""

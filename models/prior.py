@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from sklearn.linear_model import LinearRegression
 
 from calibration.settings import Setting
 from models.activations import activations_bytes_per_token, liger_lm_head_grad_bytes, loss_bytes_per_token
@@ -211,6 +210,8 @@ def fit_compute_rate(slopes: list[LadderSlope]) -> ComputeRate | None:
     if len(slopes) >= MIN_LADDERS_FOR_LOSS_TRAFFIC and logit_seconds.any() and not logit_seconds.all():
         weight = 1 / measured
         features = np.column_stack([flop_seconds, logit_seconds]) * weight[:, None]
+        from sklearn.linear_model import LinearRegression  # lazy: a cached plan never fits
+
         inverse_mfu, loss_bytes = LinearRegression(fit_intercept=False, positive=True).fit(
             features, measured * weight).coef_
         if inverse_mfu > 0:
@@ -354,8 +355,10 @@ def _memory_scales(features: np.ndarray, measured: np.ndarray) -> tuple[float, f
     """Non-negative scales (static, per-sample) minimising the squared error; 1.0 for a term the data cannot see."""
     if not features[:, 1].any():
         return float(np.median(measured / features[:, 0])), 1.0
-    model = LinearRegression(fit_intercept=False, positive=True).fit(features, measured)
-    static, sample = (float(c) if c > 0 else 1.0 for c in model.coef_)
+    from scipy.optimize import nnls  # what positive least squares runs on, without scikit-learn's import cost
+
+    coefficients, _ = nnls(features, measured)
+    static, sample = (float(c) if c > 0 else 1.0 for c in coefficients)
     return static, sample
 
 

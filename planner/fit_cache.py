@@ -14,11 +14,13 @@ import os
 import tempfile
 import warnings
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 import models
 from models.fit import SettingFit
 from models.fitset import FitSet, fit_records
+from models.prior import PriorConstants
 
 FORMAT = "ftplan-fit-cache-1"
 
@@ -45,6 +47,24 @@ def cache_key(inputs: Sequence[Path]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def cached_prior_constants(records: list[dict], inputs: Sequence[Path], fits: FitSet,
+                           catalog: dict) -> dict[str, PriorConstants]:
+    """The prior's learned constants per calibrated model, cached like the fits (they refit ladders too)."""
+    from models.predictor import Predictor
+
+    try:
+        path = cache_dir() / f"prior-{cache_key(inputs)}.json"
+    except OSError:
+        return Predictor(records, fits, catalog).all_constants()
+    try:
+        return {model: PriorConstants(**values) for model, values in json.loads(path.read_text()).items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass
+    constants = Predictor(records, fits, catalog).all_constants()
+    _store(path, {model: asdict(c) for model, c in constants.items()})
+    return constants
+
+
 def cached_fits(records: list[dict], inputs: Sequence[Path]) -> FitSet:
     """The FitSet of these records (read from `inputs`): from the cache when its key matches, else fitted and stored."""
     try:
@@ -57,7 +77,7 @@ def cached_fits(records: list[dict], inputs: Sequence[Path]) -> FitSet:
     except (OSError, ValueError, KeyError, TypeError):
         pass
     fits = _fit(records)
-    _store(path, fits)
+    _store(path, fits.to_json())
     return fits
 
 
@@ -67,12 +87,12 @@ def _fit(records: list[dict]) -> FitSet:
         return fit_records(records)
 
 
-def _store(path: Path, fits: FitSet) -> None:
+def _store(path: Path, data: dict) -> None:
     """Write atomically; a read-only or full disk only costs the next run a refit."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as handle:
-            json.dump(fits.to_json(), handle)
+            json.dump(data, handle)
         os.replace(handle.name, path)
     except OSError:
         pass

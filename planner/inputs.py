@@ -93,9 +93,14 @@ class Evidence:
         """The predictor with each GPU's catalog links (commands that take no link options)."""
         return self.predictor_with(None)
 
+    @cached_property
+    def prior_constants(self):
+        from planner.fit_cache import cached_prior_constants
+        return cached_prior_constants(self.records, [i.path for i in self.inputs], self.fits, self.catalog)
+
     def predictor_with(self, links: Links | None):
         from models.predictor import Predictor
-        return Predictor(self.records, self.fits, self.catalog, links)
+        return Predictor(self.records, self.fits, self.catalog, links, self.prior_constants)
 
     def describe(self) -> str:
         """Which inputs were read, for the output: a plan must say what it rests on."""
