@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 from calibration.settings import Setting
 from models.architecture import load_architecture
-from models.bytes_per_param import trainable_param_bytes
 from models.hardware import GIB
+from models.host_memory import host_bytes_per_node
 from models.prediction import SOURCE_CALIBRATED, SOURCE_EXTRAPOLATED, SOURCE_PRIOR
 from planner.eta import format_duration
-from planner.search import NEAR_TIE, Plan, SetupPlan
+from planner.search import NEAR_TIE, Plan, PlanRequest, SetupPlan
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,8 @@ def _compare(plan: Plan, rec: SetupPlan, switch: Switch) -> str | None:
         return None
     state = "on" if getattr(rec.setting, switch.field) else "off"
     usable = plan.request.budget.usable_bytes / GIB
+    if twin.host_short:
+        return f"{switch.name} {state}: without that, {host_shortfall(twin, plan.request)}. {switch.why}."
     if not twin.fits:
         need = twin.at_batch_one.peak_reserved.upper / GIB
         return (f"{switch.name} {state}: without that, not even batch 1 fits "
@@ -90,7 +92,10 @@ def _training_note(plan: Plan, rec: SetupPlan) -> str:
     if other is not None:
         flag = "--full" if other_kind == "full" else "--lora"
         note += (f" Best {'full fine-tuning' if other_kind == 'full' else 'LoRA'} setup: {other.label}, "
-                 f"batch {other.batch}, {format_duration(other.eta.total_seconds)} ({flag} to recommend among those).")
+                 f"batch {other.batch}, {format_duration(other.eta.total_seconds)}"
+                 + (f", needing at least {other.host_bytes / GIB:,.1f} GiB of host RAM per node for its offload"
+                    if other.host_bytes else "")
+                 + f" ({flag} to recommend among those).")
     return note
 
 
@@ -132,8 +137,12 @@ def warnings_for(plan: Plan) -> list[str]:
         found.append(f"{rec.label} was never calibrated on this GPU: the recommendation rests on the "
                      "analytic prior alone; run `ftplan calibrate` for it before committing")
     if rec.setting.offload_optimizer:
-        found.append(f"{rec.label} offloads the optimizer: each node needs about "
-                     f"{offload_host_bytes_per_node(rec.setting) / 1e9:,.0f} GB of free host RAM for it")
+        have = plan.request.host_memory_gib
+        found.append(f"{rec.label} offloads the optimizer: each node needs at least {rec.host_bytes / GIB:,.1f} GiB "
+                     "of host RAM for offloaded optimizer states, master weights and gradients, plus the process "
+                     "itself (not modelled); "
+                     + ("pass --host-memory-gib to check your hosts" if have is None
+                        else f"your hosts have {have:g} GiB"))
     return found
 
 
@@ -146,26 +155,19 @@ def notes_for(plan: Plan) -> list[str]:
             if not (rec.best.source == SOURCE_EXTRAPOLATED and note.endswith(": extrapolated"))]
 
 
-def offload_host_bytes_per_node(setting: Setting) -> float:
-    """Host RAM that CPU optimizer offload fills on each node: the fp32 master weights and optimizer
-    moments the GPUs would otherwise hold (models.bytes_per_param), for the node's ranks."""
-    arch = load_architecture(setting.model)
-    on_gpu = trainable_param_bytes(setting.with_(offload_optimizer=False))
-    per_rank = arch.trainable_params(setting.lora_rank, setting.lora_targets) * (on_gpu.master_weights
-                                                                                 + on_gpu.optimizer_states)
-    return per_rank * setting.gpus
+# Host memory of the machine that ran the shipped H200 calibrations (data/calibrations/README.md).
+SHIPPED_CALIBRATION_HOST_GIB = 125
+
+
+def host_shortfall(setup: SetupPlan, request: PlanRequest) -> str:
+    """Why an offload setup cannot run on the user's hosts, in the words the lists and reasons share."""
+    return (f"needs {setup.host_bytes / GIB:,.1f} GiB of host RAM per node for offloaded optimizer states; "
+            f"you have {request.host_memory_gib:g}")
 
 
 def failed_like(setting: Setting, failed: dict[Setting, str]) -> str | None:
-    """Why a trial like this one failed: the same setting on one GPU, or an offload setting of the same model
-    whose host RAM per node this one needs at least as much of (the 8B offload trial died of host OOM)."""
-    for other, why in failed.items():
-        if other == setting.with_(gpus=1, nodes=1):
-            return why
-        if (other.model == setting.model and other.offload_optimizer and setting.offload_optimizer
-                and offload_host_bytes_per_node(setting) >= offload_host_bytes_per_node(other)):
-            return f"{other.label()}, {why}"
-    return None
+    """Why the calibration trial of this setting (on one GPU) failed, or None when it did not."""
+    return failed.get(setting.with_(gpus=1, nodes=1))
 
 
 def source_label(setup: SetupPlan, failed: dict[Setting, str]) -> str:
@@ -185,9 +187,14 @@ def unmeasured_notes(plan: Plan, failed: dict[Setting, str]) -> list[str]:
         line = (f"{setting.label()} was calibrated but its trial failed ({why}); rows marked 'trial failed' "
                 "are the prior's guess for it")
         if setting.offload_optimizer:
-            line += (f" and for every offload setup needing as much host RAM. CPU offload keeps fp32 master weights "
-                     f"and optimizer moments in host RAM, pinned, beside the process itself: "
-                     f"{offload_host_bytes_per_node(setting) / 1e9:,.0f} GB per node for {setting.label()}; "
-                     "check the hosts have it before choosing an offload row")
+            need = host_bytes_per_node(load_architecture(setting.model), setting) / GIB
+            line += (f". Its CPU offload pins at least {need:,.1f} GiB of host RAM on one GPU "
+                     "(fp32 master weights, fp32 gradients, Adam moments and a half-precision buffer, "
+                     "models/host_memory.py)")
+            if "host out of memory" in why:
+                line += (f", more than the host had (the shipped H200 calibration host has "
+                         f"{SHIPPED_CALIBRATION_HOST_GIB} GiB and its OOM killer ended the 8B offload trial)")
+            line += (". Offload rows show the host RAM they need per node; --host-memory-gib leaves out those "
+                     "your hosts cannot hold")
         notes.append(line + ".")
     return notes

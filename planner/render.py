@@ -43,7 +43,8 @@ def setup_to_dict(setup: SetupPlan, failed: dict[Setting, str] | None = None) ->
             "fits": setup.fits, "largest_safe_batch": setup.batch,
             "prediction": prediction_to_dict(setup.best or setup.at_batch_one),
             "eta": eta_to_dict(setup.eta) if setup.eta else None,
-            "calibration_failed": failed.get(setup.setting.with_(gpus=1, nodes=1))}
+            "calibration_failed": failed.get(setup.setting.with_(gpus=1, nodes=1)),
+            "host_gib_per_node": setup.host_bytes / GIB, "host_memory_short": setup.host_short}
 
 
 def plan_to_dict(plan: Plan, failed: dict[Setting, str] | None = None) -> dict:
@@ -54,7 +55,8 @@ def plan_to_dict(plan: Plan, failed: dict[Setting, str] | None = None) -> dict:
         "request": {"model": request.base.model, "seq_len": request.base.seq_len, "gpu": request.gpu.name,
                     "gpus": request.base.gpus, "nodes": request.base.nodes, "dataset_size": request.dataset_size,
                     "epochs": request.epochs, "price_per_gpu_hour": request.price_per_gpu_hour,
-                    "max_hours": request.max_hours, "by": request.by, "training": request.training},
+                    "max_hours": request.max_hours, "by": request.by, "training": request.training,
+                    "host_memory_gib": request.host_memory_gib},
         "memory_budget": {"capacity_gib": budget.capacity_bytes / GIB, "safety_margin": budget.safety_margin,
                           "context_reserve_gib": budget.context_reserve_bytes / GIB,
                           "usable_gib": budget.usable_bytes / GIB},
@@ -81,12 +83,19 @@ def _source_cell(label: str) -> str:
     return f"[{SOURCE_STYLE.get(label, 'red')}]{label}[/]"
 
 
+def _host_cell(setup: SetupPlan) -> str:
+    """Host RAM per node an offload row needs (a lower bound: the process itself comes on top)."""
+    return f"≥{setup.host_bytes / GIB:,.1f}" if setup.host_bytes else "-"
+
+
 def plan_table(plan: Plan, failed: dict[Setting, str], limit: int | None = None) -> Table:
     """The ranked setups (the first `limit`, the recommendation always among them)."""
     usable = plan.request.budget.usable_bytes / GIB
     title = (f"{plan.request.base.model}, {_samples(plan.request)}, "
              f"seq {plan.request.base.seq_len}, {plan.request.base.world_size} × {plan.request.gpu.name}")
-    table = Table("#", "setup", "batch/GPU", f"reserved GiB (upper) / {usable:.1f}", "s/step", "steps",
+    host = plan.request.host_memory_gib
+    table = Table("#", "setup", "batch/GPU", f"reserved GiB (upper) / {usable:.1f}",
+                  "host GiB/node" + (f" / {host:g}" if host is not None else ""), "s/step", "steps",
                   "ETA h:mm", "cost", "source", title=title)
     rec = plan.recommended
     for rank, setup in enumerate(plan.ranked, start=1):
@@ -95,7 +104,7 @@ def plan_table(plan: Plan, failed: dict[Setting, str], limit: int | None = None)
         best, eta = setup.best, setup.eta
         table.add_row(f"→{rank}" if setup is rec else str(rank), setup.label, str(setup.batch),
                       f"{best.peak_reserved.mean / GIB:.1f} ({best.peak_reserved.upper / GIB:.1f})",
-                      f"{eta.seconds_per_step:.2f}", f"{eta.steps:,}", format_duration(eta.total_seconds),
+                      _host_cell(setup), f"{eta.seconds_per_step:.2f}", f"{eta.steps:,}", format_duration(eta.total_seconds),
                       _cost(eta), _source_cell(advice.source_label(setup, failed)),
                       style="bold" if setup is rec else None)
     return table
@@ -115,9 +124,18 @@ def print_plan(plan: Plan, console: Console, failed: dict[Setting, str], limit: 
     if plan.too_slow:
         console.print(f"Over --max-hours {plan.request.max_hours:g}: " + "; ".join(
             f"{s.label} ({format_duration(s.eta.total_seconds)})" for s in plan.too_slow))
-    if plan.unfit:
+    gpu_unfit = [s for s in plan.unfit if not s.host_short]
+    host_unfit = [s for s in plan.unfit if s.host_short]
+    if gpu_unfit:
         console.print("Cannot fit even at batch 1: " + "; ".join(
-            f"{s.label} (needs {s.at_batch_one.peak_reserved.upper / GIB:.1f} GiB)" for s in plan.unfit))
+            f"{s.label} (needs {s.at_batch_one.peak_reserved.upper / GIB:.1f} GiB)" for s in gpu_unfit))
+    if host_unfit:
+        console.print(f"Not enough host RAM (you have {plan.request.host_memory_gib:g} GiB per node): " + "; ".join(
+            f"{s.label} (needs {s.host_bytes / GIB:,.1f} GiB of host RAM per node for offloaded optimizer states)"
+            for s in host_unfit))
+    if any(s.host_bytes for s in plan.ranked):
+        console.print("host GiB/node: host RAM each node pins for CPU optimizer offload (optimizer states, master "
+                      "weights, gradients; models/host_memory.py), a lower bound: the process itself comes on top.")
     for note in advice.unmeasured_notes(plan, failed):
         console.print(f"[red]unmeasured:[/] {note}")
     rec = plan.recommended
@@ -130,6 +148,16 @@ def print_plan(plan: Plan, console: Console, failed: dict[Setting, str], limit: 
         console.print(f"[yellow]warning:[/] {warning}")
     for note in advice.notes_for(plan):
         console.print(f"note: {note}")
+
+
+def host_line(host_bytes: int, host_memory_gib: float | None, enough: bool) -> str | None:
+    """`ftplan eta`'s host-memory verdict for an offload setting (None without offload)."""
+    if not host_bytes:
+        return None
+    need = f"needs {host_bytes / GIB:,.1f} GiB of host RAM per node for offloaded optimizer states"
+    if host_memory_gib is None:
+        return f"host memory: {need} (lower bound; --host-memory-gib checks it)"
+    return f"host memory: {'fits' if enough else 'NOT enough'}: {need}; you have {host_memory_gib:g}"
 
 
 def eta_lines(prediction: Prediction, eta: Eta, fits: bool, budget: MemoryBudget) -> list[str]:

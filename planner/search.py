@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from calibration.settings import Setting
+from models.architecture import load_architecture
 from models.errors import FtplanError
 from models.fit import MAX_BATCH, SAFETY_MARGIN, TIME_FLOOR
 from models.hardware import GIB, GpuSpec
+from models.host_memory import host_bytes_per_node, usable_host_bytes
 from models.prediction import SOURCE_CALIBRATED, SOURCE_EXTRAPOLATED, Prediction
 from models.safe_batch import MemoryBudget, is_safe, largest_safe_batch
 from planner.eta import Eta, estimate_eta
@@ -78,12 +80,18 @@ def enumerate_settings(base: Setting, lora_ranks: Iterable[int] = DEFAULT_LORA_R
 
 @dataclass(frozen=True)
 class SetupPlan:
-    """One setup's verdict: its largest safe batch with the prediction there, or why it cannot run."""
+    """One setup's verdict: its largest safe batch with the prediction there, or why it cannot run.
+
+    host_bytes: host RAM per node its CPU optimizer offload needs (models.host_memory; 0 without offload);
+    host_short: it needs more than the user's --host-memory-gib allows, so it cannot run whatever the GPU.
+    """
 
     setting: Setting
     at_batch_one: Prediction
     best: Prediction | None = None
     eta: Eta | None = None
+    host_bytes: int = 0
+    host_short: bool = False
 
     @property
     def fits(self) -> bool:
@@ -121,8 +129,11 @@ class PlanRequest:
     by: str = "time"
     training: str = "any"
     lora_ranks: tuple[int, ...] = DEFAULT_LORA_RANKS
+    host_memory_gib: float | None = None  # host RAM per node; None: unknown, offload rows only show their need
 
     def __post_init__(self) -> None:
+        if self.host_memory_gib is not None:
+            usable_host_bytes(self.host_memory_gib, self.budget.safety_margin)  # rejects 0, negative, NaN
         if self.dataset_size <= 0:
             raise FtplanError(f"dataset size must be positive, got {self.dataset_size}")
         if self.epochs <= 0:
@@ -136,6 +147,13 @@ class PlanRequest:
         for name, value in (("price per hour", self.price_per_gpu_hour), ("max hours", self.max_hours)):
             if value is not None and value <= 0:
                 raise FtplanError(f"{name} must be positive, got {value}")
+
+    @property
+    def usable_host_bytes(self) -> int | None:
+        """Host RAM per node offload may fill (the GPU budget's safety margin kept free), None when unknown."""
+        if self.host_memory_gib is None:
+            return None
+        return usable_host_bytes(self.host_memory_gib, self.budget.safety_margin)
 
 
 @dataclass(frozen=True)
@@ -177,12 +195,16 @@ def plan_setup(predictor: Predictor, setting: Setting, request: PlanRequest) -> 
     # A per-GPU batch beyond the samples each GPU sees in one epoch only pads the last step.
     max_batch = min(MAX_SEARCH_BATCH, -(-request.dataset_size // setting.world_size))
     at_one = predict(1)
+    host = host_bytes_per_node(load_architecture(setting.model), setting)
+    usable_host = request.usable_host_bytes
+    if usable_host is not None and host > usable_host:
+        return SetupPlan(setting, at_one, host_bytes=host, host_short=True)
     best = safe_prediction(predict, request.budget, max_batch)
     if best is None:
-        return SetupPlan(setting, at_one)
+        return SetupPlan(setting, at_one, host_bytes=host)
     eta = estimate_eta(best.seconds_per_step.mean, request.dataset_size, request.epochs, best.micro_batch,
                        setting.world_size, request.price_per_gpu_hour)
-    return SetupPlan(setting, at_one, best, eta)
+    return SetupPlan(setting, at_one, best, eta, host_bytes=host)
 
 
 def make_plan(predictor: Predictor, request: PlanRequest, extra: Iterable[Setting] = ()) -> Plan:
@@ -191,12 +213,15 @@ def make_plan(predictor: Predictor, request: PlanRequest, extra: Iterable[Settin
     setups = [plan_setup(predictor, s, request) for s in settings]
     fitting = [s for s in setups if s.fits]
     unfit = [s for s in setups if not s.fits]
-    if not fitting:
+    if not fitting:  # setups without offload never fall short of host RAM, so some are GPU-bound
+        gpu_unfit = [s for s in unfit if not s.host_short]
         raise FtplanError(
             f"no setup of {request.base.model} at seq-len {request.base.seq_len} fits on {request.gpu.name} "
             f"even at batch 1 ({request.budget.describe()}); the smallest needs "
-            f"{min(s.at_batch_one.peak_reserved.upper for s in unfit) / GIB:.1f} GiB; "
-            "try a shorter --seq-len, more GPUs with ZeRO-3, or a larger card")
+            f"{min(s.at_batch_one.peak_reserved.upper for s in gpu_unfit) / GIB:.1f} GiB; "
+            "try a shorter --seq-len, more GPUs with ZeRO-3, or a larger card"
+            + (f" (offload setups need more than the {request.host_memory_gib:g} GiB of host RAM per node)"
+               if len(gpu_unfit) < len(unfit) else ""))
     key = (lambda s: (s.eta.cost, s.eta.total_seconds)) if request.by == "cost" else \
           (lambda s: (s.eta.total_seconds, -s.batch))
     fitting.sort(key=key)

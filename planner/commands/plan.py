@@ -17,11 +17,16 @@ from models.errors import FtplanError
 from models.hardware import find_gpu, load_catalog
 from models.scaling import node_layout, parse_gpu_counts
 from planner.gpu_counts import plan_gpu_counts
-from planner.inputs import budget_options, calibrations_option, gpu_options, link_options, load_evidence
+from planner.inputs import FINITE_FLOAT, budget_options, calibrations_option, gpu_options, link_options, load_evidence
 from planner.render import plan_to_dict, print_plan, print_scaling, scaling_to_dict
 from planner.search import DEFAULT_LORA_RANKS, PlanRequest, make_plan
 
 SETUPS_SHOWN_WITH_SCALING = 12
+
+host_memory_option = click.option(
+    "--host-memory-gib", type=float, default=None,
+    help="Host RAM per node, GiB. Offload setups that need more (less the safety margin) are left out; "
+         "default: unknown, offload rows only show what they need.")
 
 
 def _ranks(_ctx, _param, value: str) -> tuple[int, ...]:
@@ -37,7 +42,7 @@ def _ranks(_ctx, _param, value: str) -> tuple[int, ...]:
 @click.command("plan")
 @click.option("--model", required=True, help="Architecture id (see `ftplan models`) or a path to a config.json.")
 @click.option("--dataset-size", type=int, required=True, help="Training samples per epoch.")
-@click.option("--epochs", type=float, default=1.0, show_default=True)
+@click.option("--epochs", type=FINITE_FLOAT, default=1.0, show_default=True)
 @click.option("--seq-len", type=int, default=2048, show_default=True, help="Tokens per sample (padded).")
 @gpu_options
 @click.option("--gpus", default="1", show_default=True,
@@ -46,8 +51,8 @@ def _ranks(_ctx, _param, value: str) -> tuple[int, ...]:
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True,
               help="Nodes are filled up to this many GPUs; the rest talk over the inter-node link.")
 @link_options
-@click.option("--price-per-hour", type=float, default=None, help="Price per GPU-hour; cost = hours × price × GPUs.")
-@click.option("--max-hours", type=float, default=None,
+@click.option("--price-per-hour", type=FINITE_FLOAT, default=None, help="Price per GPU-hour; cost = hours × price × GPUs.")
+@click.option("--max-hours", type=FINITE_FLOAT, default=None,
               help="Leave out setups that take longer; with several GPU counts, choose the cheapest count that meets it.")
 @click.option("--by", type=click.Choice(["time", "cost"]), default="time", show_default=True, help="Rank by.")
 @click.option("--any", "training", flag_value="any", default=True, help="Recommend full fine-tuning or LoRA (default).")
@@ -56,6 +61,7 @@ def _ranks(_ctx, _param, value: str) -> tuple[int, ...]:
 @click.option("--lora-ranks", default=",".join(map(str, DEFAULT_LORA_RANKS)), show_default=True, callback=_ranks,
               help="LoRA ranks to consider.")
 @budget_options
+@host_memory_option
 @calibrations_option
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--emit", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -64,7 +70,7 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
             gpus: str, gpus_per_node: int, intra_node_bandwidth: str | None, inter_node_bandwidth: str | None,
             price_per_hour: float | None, max_hours: float | None, by: str, training: str,
             lora_ranks: tuple[int, ...], safety_margin: float, context_reserve_gib: float,
-            calibrations: tuple[Path, ...], as_json: bool, emit: Path | None) -> None:
+            host_memory_gib: float | None, calibrations: tuple[Path, ...], as_json: bool, emit: Path | None) -> None:
     """Which setup finishes fastest (or cheapest) on this GPU, with its largest safe batch, ETA and cost;
     with several GPU counts, how full and LoRA fine-tuning scale and which count to use."""
     load_architecture(model)  # an unknown model fails here, with close names, before any fitting
@@ -78,7 +84,7 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
     request = PlanRequest(base=base, dataset_size=dataset_size, epochs=epochs, gpu=gpu,
                           budget=evidence.budget(gpu, safety_margin, context_reserve_gib),
                           price_per_gpu_hour=price_per_hour, max_hours=max_hours, by=by, training=training,
-                          lora_ranks=lora_ranks)
+                          lora_ranks=lora_ranks, host_memory_gib=host_memory_gib)
     extra, failed = evidence.calibrated_settings(model), evidence.failed_trials(model)
     scaling = None
     if len(counts) == 1:
