@@ -111,13 +111,58 @@ def test_user_calibrations_folder_is_read_by_default_and_training_runs_are_count
     assert code == 0 and "1 of 46 records come from real training runs" in out
 
 
-def test_offload_rows_of_the_8b_model_say_its_offload_trial_failed(capsys, monkeypatch):
+def test_offload_rows_of_the_8b_model_say_its_offload_trial_failed_and_the_host_ram_it_needs(capsys, monkeypatch):
     plan = _json([], capsys, monkeypatch)
     setups = {s["label"]: s for s in plan["ranked"] + plan["cannot_fit"]}
     assert "host out of memory" in setups["zero2+offload full gc s2048"]["calibration_failed"]
-    assert any("96 GB per node" in note for note in plan["unmeasured"])
+    assert setups["zero2+offload full s2048"]["calibration_failed"] is None  # only the trial that ran failed
+    assert setups["zero2+offload full s2048"]["host_gib_per_node"] > 125
+    assert setups["ddp lora16 s2048"]["host_gib_per_node"] == 0
+    assert any("125 GiB" in note and "OOM killer" in note for note in plan["unmeasured"])
     code, out, _ = run_ftplan(PLAN, capsys, monkeypatch)
-    assert "unmeasured: trial failed" in out and "prior, unmeasured" in out
+    assert "unmeasured: trial failed" in out and "prior, unmeasured" in out and "host GiB/node" in out
+
+
+def test_host_memory_gib_leaves_out_8b_full_offload_with_the_reason(capsys, monkeypatch):
+    plan = _json(["--host-memory-gib", 125], capsys, monkeypatch)
+    short = {s["label"] for s in plan["cannot_fit"] if s["host_memory_short"]}
+    assert short == {"zero2+offload full s2048", "zero2+offload full gc s2048", "zero2+offload liger full s2048",
+                     "zero2+offload liger full gc s2048"}
+    assert not any(s["setting"]["offload_optimizer"] and s["training"] == "full" for s in plan["ranked"])
+    assert any(s["setting"]["offload_optimizer"] for s in plan["ranked"])  # LoRA offload needs little host RAM
+    code, out, _ = run_ftplan([*PLAN, "--host-memory-gib", 125, "--full"], capsys, monkeypatch)
+    assert code == 0
+    assert "zero2+offload full s2048 (needs 135.6 GiB of host RAM per node for offloaded optimizer states)" in out
+    assert "you have 125 GiB per node" in out and "Recommendation:" not in out
+
+
+def test_full_recommendation_relying_on_offload_warns_about_host_ram_when_it_is_unknown(capsys, monkeypatch):
+    plan = _json(["--full"], capsys, monkeypatch)
+    assert plan["recommendation"]["setting"]["offload_optimizer"]
+    assert any("135.6 GiB of host RAM" in w and "--host-memory-gib" in w for w in plan["warnings"])
+
+
+@pytest.mark.parametrize("value", ["0", "-8", "nan"])
+def test_bad_host_memory_is_one_line_error(value, capsys, monkeypatch):
+    for command in (PLAN, ["eta", "--model", "qwen2.5-0.5b", "--zero-stage", 2, "--offload", "--batch-size", 4,
+                           "--dataset-size", 1000, "--gpu", "H200"]):
+        code, out, err = run_ftplan([*command, "--host-memory-gib", value], capsys, monkeypatch)
+        assert code == 2 and out == ""
+        assert err.strip().splitlines() == [f"error: host memory must be a positive number of GiB, got {value.lstrip('+')}"]
+
+
+def test_eta_says_whether_the_offload_fits_in_host_ram(capsys, monkeypatch):
+    eta = ["eta", "--model", "llama-3-8b", "--zero-stage", 2, "--offload", "--gradient-checkpointing",
+           "--batch-size", 1, "--dataset-size", 1000, "--gpu", "H200"]
+    code, out, _ = run_ftplan([*eta, "--host-memory-gib", 125], capsys, monkeypatch)
+    assert code == 0 and "host memory: NOT enough: needs 135.6 GiB" in out and "you have 125" in out
+    code, out, _ = run_ftplan([*eta, "--host-memory-gib", 256, "--json"], capsys, monkeypatch)
+    result = json.loads(out)
+    assert result["host_memory_enough"] and result["fits"] and result["host_gib_per_node"] > 125
+    code, out, _ = run_ftplan([*eta, "--host-memory-gib", 125, "--json"], capsys, monkeypatch)
+    assert not json.loads(out)["fits"]
+    code, out, _ = run_ftplan(eta, capsys, monkeypatch)
+    assert "needs 135.6 GiB of host RAM per node" in out and "--host-memory-gib checks it" in out
 
 
 def test_fit_cache_returns_the_same_fits_and_refits_when_a_file_changes(tmp_path, monkeypatch):
