@@ -5,6 +5,7 @@ Shared so the commands state the same defaults and fail on bad input with the sa
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -28,6 +29,20 @@ DEFAULT_INTER_NODE_LINK = "cloud"
 FALLBACK_INTRA_NODE_LINK = "pcie4-x16"  # a card whose specs name no known interconnect
 
 
+class FiniteFloat(click.FloatRange):
+    """A real number: click's float takes 'nan' and 'inf', which no option means and the arithmetic cannot use."""
+
+    def convert(self, value, param, ctx) -> float:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+FINITE_FLOAT = FiniteFloat()
+MAX_CONTEXT_RESERVE_GIB = 1024  # more than any card holds
+
+
 def gpu_options(command: Callable) -> Callable:
     """--gpu NAME and --gpu-specs FILE."""
     command = click.option("--gpu-specs", type=click.Path(path_type=Path), default=None,
@@ -37,10 +52,11 @@ def gpu_options(command: Callable) -> Callable:
 
 def budget_options(command: Callable) -> Callable:
     """--safety-margin and --context-reserve-gib: the policy that turns capacity into usable memory."""
-    command = click.option("--context-reserve-gib", type=float, default=DEFAULT_CONTEXT_RESERVE_GIB, show_default=True,
+    command = click.option("--context-reserve-gib", type=FiniteFloat(0, MAX_CONTEXT_RESERVE_GIB),
+                           default=DEFAULT_CONTEXT_RESERVE_GIB, show_default=True,
                            help="GiB kept for the CUDA context and NCCL buffers on top of the margin "
                                 "(torch's reserved bytes omit them).")(command)
-    return click.option("--safety-margin", type=float, default=DEFAULT_SAFETY_MARGIN, show_default=True,
+    return click.option("--safety-margin", type=FINITE_FLOAT, default=DEFAULT_SAFETY_MARGIN, show_default=True,
                         help="Fraction of capacity kept free above the upper prediction bound.")(command)
 
 
