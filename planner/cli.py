@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="ftplan", standalone_mode=False)
     except FtplanError as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {' '.join(str(exc).split())}", err=True)  # one line even when it quotes a newline
         sys.exit(EXIT_USER_ERROR)
     except click.UsageError as exc:
         click.echo(_usage_line(exc), err=True)
