@@ -76,6 +76,6 @@ def host_bytes_per_node(arch: Architecture, setting: Setting) -> int:
 
 def usable_host_bytes(host_memory_gib: float, safety_margin: float) -> int:
     """The host RAM per node the offload may fill: what the user has, less the same margin as the GPU budget."""
-    if not (math.isfinite(host_memory_gib) and host_memory_gib > 0):
+    if not (math.isfinite(host_memory_gib * GIB) and host_memory_gib > 0):  # 1e300 GiB overflows to inf bytes
         raise FtplanError(f"host memory must be a positive number of GiB, got {host_memory_gib:g}")
     return int(host_memory_gib * GIB * (1 - safety_margin))
