@@ -12,6 +12,7 @@ from calibration import launcher
 from calibration.records import RecordWarning, read_records
 from models.architecture import load_architecture
 from models.errors import FtplanError
+from models.fitset import FitSet
 from planner.cli import cli
 
 FAKE_TRIAL = (sys.executable, str(Path(__file__).parent / "fixtures" / "fake_trial.py"))
@@ -115,8 +116,11 @@ def test_a_line_torn_by_a_kill_mid_write_is_skipped_and_the_next_record_starts_o
         assert [b for _, b, _ in trials(out)] == [1, 2]
 
 
-def test_a_real_cpu_calibration_of_the_tiny_model_writes_sane_records(tmp_path):
-    """Sequence length 512, not 64: at 64 tokens a sample adds a few MB, less than the noise of a process's RSS."""
+def test_a_real_cpu_calibration_of_the_tiny_model_fits_and_plans_within_its_budget(tmp_path):
+    """The whole product on a CPU: calibrate, fit, predict and plan through the CLI, one real calibration.
+
+    Sequence length 512, not 64: at 64 tokens a sample adds a few MB, less than the noise of a process's RSS.
+    """
     pytest.importorskip("transformers")
     out = tmp_path / "c.jsonl"
     result = calibrate(out, "--batch-sizes", "1,2,4", "--precision", "fp32", "--steps", "2", "--warmup-steps", "1",
@@ -133,6 +137,33 @@ def test_a_real_cpu_calibration_of_the_tiny_model_writes_sane_records(tmp_path):
         assert r["steps_measured"] == 2 and 0 < r["seconds_per_step"] < 60
         assert r["tokens_per_second"] == pytest.approx(r["micro_batch"] * 512 / r["seconds_per_step"])
         assert r["gpu_name"] == "cpu" and r["versions"]["torch"] and r["arch_hash"] == arch.hash
+
+    fits = tmp_path / "fits.json"
+    fitted = CliRunner().invoke(cli, ["fit", str(out), "--out", str(fits)], terminal_width=200)
+    assert fitted.exit_code == 0, fitted.output
+    (fit,) = FitSet.load(fits).fits
+    assert fit.r2["memory"] > 0.9, fit.r2  # memory is close to linear in batch
+
+    # A "card" with room for about batch 2: the plan must pick a batch whose upper bound fits the budget.
+    specs = tmp_path / "gpus.csv"
+    room_gib = (peaks[1] + (peaks[2] - peaks[1]) / 4) / 2**30
+    specs.write_text(f"name,memory_gib,bf16_dense_tflops,memory_bandwidth_gbs\ncpu,{room_gib / 0.98},1,10\n")
+    common = ["--model", "tiny-llama", "--seq-len", "512", "--gpu", "cpu", "--gpu-specs", str(specs),
+              "--calibrations", str(out)]
+    planned = CliRunner().invoke(cli, ["plan", *common, "--dataset-size", "100", "--full", "--json"])
+    assert planned.exit_code == 0, planned.output
+    plan = json.loads(planned.stdout)
+    usable = plan["memory_budget"]["usable_gib"]
+    assert all(row["prediction"]["peak_reserved_gib"]["upper"] <= usable for row in plan["ranked"])
+    (calibrated,) = [row for row in plan["ranked"] if row["setting"]["precision"] == "fp32"]  # the measured one
+    assert calibrated["prediction"]["source"] == "calibrated"
+    assert 1 <= calibrated["largest_safe_batch"] <= 2
+
+    predicted = CliRunner().invoke(cli, ["predict", *common, "--precision", "fp32", "--batch-size", "4", "--json"])
+    assert predicted.exit_code == 0, predicted.output
+    prediction = json.loads(predicted.stdout)
+    assert prediction["peak_allocated_gib"] == pytest.approx(peaks[2] / 2**30, rel=0.05)
+    assert prediction["seconds_per_step"] > 0 and prediction["peak_reserved_gib"] >= prediction["peak_allocated_gib"]
 
 
 def test_records_of_another_machine_or_another_version_of_the_config_do_not_count_as_done(fake_trial, tmp_path):

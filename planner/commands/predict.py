@@ -14,10 +14,10 @@ from rich.console import Console
 from rich.table import Table
 
 from models.architecture import load_architecture
-from models.hardware import GIB, GpuSpec
+from models.hardware import GIB, GpuSpec, find_gpu, load_catalog
 from models.prediction import Prediction
 from planner.commands.options import setting_from_options, setting_options
-from planner.inputs import calibrations_option, load_predictor, resolve_gpu
+from planner.inputs import calibrations_option, load_predictor
 
 DEFAULT_GPU = "H200"  # the card the shipped calibrations were measured on
 
@@ -35,8 +35,9 @@ def command(batch_size: int, gpu_name: str, gpu_specs: Path | None, calibrations
     """Predicted peak allocated and reserved memory per GPU and seconds per optimizer step."""
     setting = setting_from_options(options)
     load_architecture(setting.model)  # an unknown model fails here, with close names, before any fitting
-    gpu = resolve_gpu(gpu_name, gpu_specs)
-    prediction = load_predictor(calibrations).predict(setting, batch_size, gpu)
+    catalog = load_catalog(gpu_specs)  # the user's cards also name the cards their records were measured on
+    gpu = find_gpu(gpu_name, catalog)
+    prediction = load_predictor(calibrations, catalog).predict(setting, batch_size, gpu)
     if as_json:
         click.echo(json.dumps(prediction_to_dict(prediction, gpu), indent=2))
     else:
