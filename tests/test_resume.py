@@ -92,7 +92,7 @@ def test_ctrl_c_or_sigterm_ends_the_running_trials_ranks_and_exits_130(tmp_path,
     proc.send_signal(stop)
     assert proc.wait(timeout=30) == 130
     assert_ranks_gone(starts, within=1)
-    assert not out.exists()
+    assert not out.exists() or out.read_text() == ""  # the interrupted trial leaves no record (it is re-run)
 
 
 def test_two_calibrations_appending_to_one_file_interleave_no_lines(tmp_path):
