@@ -174,12 +174,3 @@ def read_records(paths: Iterable[Path], kind: str = "trial") -> list[dict]:
         else:
             records.extend(iter_records(path, kind))
     return records
-
-
-def finished_trials(path: Path) -> set[tuple[str, int]]:
-    """(setting_key, micro_batch) of trials already measured in a file, so a re-run can skip them."""
-    if not Path(path).exists():
-        return set()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RecordWarning)
-        return {(r["setting_key"], r["micro_batch"]) for r in iter_records(path) if r["status"] in ("ok", "oom")}

@@ -97,15 +97,11 @@ def memory_terms(arch: Architecture, setting: Setting) -> MemoryTerms:
     )
 
 
-def step_flops(arch: Architecture, setting: Setting, batch: int) -> float:
-    """Matmul FLOPs of one step on one GPU: 2·params·tokens forward, as much again for activation
+def _flops_per_sample(arch: Architecture, setting: Setting) -> float:
+    """Matmul FLOPs of one sample on one GPU: 2·params·tokens forward, as much again for activation
     gradients and (full fine-tuning only) for weight gradients, +1 forward when checkpointing: 6·P·T,
     8·P·T with checkpointing, 4·P·T for LoRA. Causal flash attention adds 2·seq·q_width per token per
     layer forward (half of the full square) and twice that backward."""
-    return batch * setting_terms(arch, setting).flops_per_sample
-
-
-def _flops_per_sample(arch: Architecture, setting: Setting) -> float:
     matmul_params = arch.layers * arch.params_per_layer() + arch.vocab * arch.hidden
     forward = 2 * matmul_params * setting.seq_len
     attention_forward = 2 * setting.seq_len * arch.heads * arch.head_dim * arch.layers * setting.seq_len

@@ -233,11 +233,6 @@ def load_evidence(calibrations: Sequence[Path], catalog: dict[str, GpuSpec]) -> 
     return Evidence(records, network, tuple(inputs), catalog)
 
 
-def resolve_gpu(name: str, specs: Path | None) -> GpuSpec:
-    """The GPU by name or alias, from the catalog merged with the user's specs file."""
-    return find_gpu(name, load_catalog(specs))
-
-
 def load_predictor(calibrations: Sequence[Path] = (), catalog: dict[str, GpuSpec] | None = None):
     """The predictor alone, for commands that need no records."""
     return load_evidence(calibrations, catalog if catalog is not None else load_catalog()).predictor

@@ -12,7 +12,7 @@ from models.architecture import load_architecture
 from models.bytes_per_param import frozen_param_bytes, trainable_param_bytes
 from models.hardware import find_gpu
 from models.prior import (ComputeRate, LadderSlope, PriorConstants, fit_compute_rate, fit_constants, memory_terms,
-                          prior_estimate, step_flops)
+                          prior_estimate, setting_terms)
 
 LLAMA_1B = load_architecture("llama-3.2-1b")
 H200 = find_gpu("H200")
@@ -100,8 +100,8 @@ def test_memory_and_time_never_fall_as_batch_or_length_grow(batch, seq_len, zero
 def test_full_fine_tuning_costs_one_extra_forward_of_flops_over_lora():
     full, lora = Setting("llama-3.2-1b"), Setting("llama-3.2-1b", lora_rank=16)
     matmul_params = LLAMA_1B.layers * LLAMA_1B.params_per_layer() + LLAMA_1B.vocab * LLAMA_1B.hidden
-    extra = step_flops(LLAMA_1B, full, 2) - step_flops(LLAMA_1B, lora, 2)
-    assert extra == 2 * matmul_params * 2 * 2048
+    extra = setting_terms(LLAMA_1B, full).flops_per_sample - setting_terms(LLAMA_1B, lora).flops_per_sample
+    assert extra == 2 * matmul_params * 2048
 
 
 def _records_from_prior(constants: PriorConstants) -> list[dict]:

@@ -8,7 +8,6 @@ whole `ftplan calibrate` path with ranks that really joined a group and block in
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import time

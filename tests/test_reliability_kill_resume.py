@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from calibration.records import RecordWarning, finished_trials, read_records
+from calibration.records import RecordWarning, read_records
+from calibration.runner import known_outcomes
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FTPLAN = (sys.executable, str(FIXTURES / "ftplan_with_fake_trial.py"))
@@ -110,4 +111,5 @@ def test_a_trial_whose_record_was_torn_is_not_counted_as_finished(tmp_path):
     """So the re-run measures it again instead of trusting half a line."""
     out = tmp_path / "c.jsonl"
     subprocess.run([*WRITER, str(out), "killed", "2", "--tear"], capture_output=True)  # batches 1, 2 whole; 3 torn
-    assert {batch for _key, batch in finished_trials(out)} == {1, 2}
+    (done,) = known_outcomes(out, "test-box", "cpu").values()
+    assert done == {1: "ok", 2: "ok"}

@@ -9,10 +9,6 @@ import click
 from calibration.settings import PRECISIONS, ZERO_STAGES, Setting
 from models.architecture import ALL_LINEAR_TARGETS
 
-SETTING_OPTION_NAMES = ("model", "seq_len", "precision", "zero_stage", "offload", "liger", "lora_rank",
-                        "lora_targets", "gradient_checkpointing", "gpus", "nodes", "alloc_conf")
-
-
 def _targets(_ctx, _param, value: str) -> tuple[str, ...]:
     targets = tuple(t.strip() for t in value.split(",") if t.strip())
     unknown = sorted(set(targets) - set(ALL_LINEAR_TARGETS))
