@@ -22,30 +22,20 @@ from calibration.runner import CalibrationPlan, CalibrationProgress, calibrate
 from calibration.settings import PRECISIONS, Setting
 from models.architecture import ALL_LINEAR_TARGETS, load_architecture
 from models.errors import FtplanError
+from planner.commands.options import positive_int_list
 
 GIB = 2**30
 DEFAULT_MAX_BATCH = {"cuda": 1024, "cpu": 8}  # a CPU never runs out of memory before swapping, so stop early
 SWITCH = click.Choice(["on", "off", "both"])
 
 
+def _split_targets(_ctx, _param, value: str) -> tuple[str, ...]:
+    """Unknown module names are left to Architecture.lora_params, which names them per model."""
+    return tuple(t.strip() for t in value.split(",") if t.strip())
+
+
 def _switch(value: str) -> tuple[bool, ...]:
     return {"on": (True,), "off": (False,), "both": (False, True)}[value]
-
-
-def _positive_ints(_ctx, _param, value: str | None) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    try:
-        numbers = tuple(int(v) for v in value.split(","))
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got '{value}'") from None
-    if any(n <= 0 for n in numbers):
-        raise click.BadParameter(f"batch sizes must be positive, got '{value}'")
-    return numbers
-
-
-def _targets(_ctx, _param, value: str) -> tuple[str, ...]:
-    return tuple(t.strip() for t in value.split(",") if t.strip())
 
 
 @click.command("calibrate")
@@ -64,12 +54,12 @@ def _targets(_ctx, _param, value: str) -> tuple[str, ...]:
 @click.option("--gradient-checkpointing", type=SWITCH, default="off", show_default=True)
 @click.option("--lora-rank", "lora_ranks", type=click.IntRange(min=0), multiple=True, default=(0,), show_default=True,
               help="LoRA rank, 0 = full fine-tuning; repeatable.")
-@click.option("--lora-targets", default=",".join(ALL_LINEAR_TARGETS), show_default=True, callback=_targets,
+@click.option("--lora-targets", default=",".join(ALL_LINEAR_TARGETS), show_default=True, callback=_split_targets,
               help="Comma-separated module names LoRA adapts.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True,
               help="Mixed precision of training (fp32 trains fastest on a CPU without bf16 units).")
 @click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs (ranks) per trial.")
-@click.option("--batch-sizes", callback=_positive_ints, default=None,
+@click.option("--batch-sizes", callback=positive_int_list("batch sizes"), default=None,
               help="Comma-separated micro-batches to run instead of the automatic ladder.")
 @click.option("--max-batch", type=click.IntRange(min=1), default=None,
               help="Largest micro-batch the ladder tries.  [default: 1024 on cuda, 8 on cpu]")

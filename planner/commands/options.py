@@ -9,7 +9,23 @@ import click
 from calibration.settings import PRECISIONS, ZERO_STAGES, Setting
 from models.architecture import ALL_LINEAR_TARGETS
 
-def _targets(_ctx, _param, value: str) -> tuple[str, ...]:
+
+def positive_int_list(what: str):
+    """A click callback turning '1,2,4' into positive ints (None stays None); `what` names them in errors."""
+    def parse(_ctx, _param, value: str | None) -> tuple[int, ...] | None:
+        if value is None:
+            return None
+        try:
+            numbers = tuple(int(v) for v in value.split(","))
+        except ValueError:
+            raise click.BadParameter(f"expected comma-separated integers, got '{value}'") from None
+        if any(n <= 0 for n in numbers):
+            raise click.BadParameter(f"{what} must be positive, got '{value}'")
+        return numbers
+    return parse
+
+
+def parse_targets(_ctx, _param, value: str) -> tuple[str, ...]:
     targets = tuple(t.strip() for t in value.split(",") if t.strip())
     unknown = sorted(set(targets) - set(ALL_LINEAR_TARGETS))
     if not targets or unknown:
@@ -26,7 +42,7 @@ SETTING_OPTIONS = (
     click.option("--offload", is_flag=True, help="Offload optimizer states to the CPU (needs --zero-stage 1-3)."),
     click.option("--liger", is_flag=True, help="Liger kernels with fused linear cross-entropy."),
     click.option("--lora-rank", type=click.IntRange(min=0), default=0, show_default=True, help="0 means full fine-tuning."),
-    click.option("--lora-targets", default=",".join(ALL_LINEAR_TARGETS), show_default=True, callback=_targets,
+    click.option("--lora-targets", default=",".join(ALL_LINEAR_TARGETS), show_default=True, callback=parse_targets,
                  help="Modules that get LoRA adapters."),
     click.option("--gradient-checkpointing", is_flag=True),
     click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs per node."),

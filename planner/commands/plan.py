@@ -16,6 +16,7 @@ from models.communication import estimate_overlap
 from models.errors import FtplanError
 from models.hardware import find_gpu, load_catalog
 from models.scaling import node_layout, parse_gpu_counts
+from planner.commands.options import positive_int_list
 from planner.gpu_counts import plan_gpu_counts
 from planner.inputs import FINITE_FLOAT, budget_options, calibrations_option, gpu_options, link_options, load_evidence
 from planner.render import plan_to_dict, print_plan, print_scaling, scaling_to_dict
@@ -27,16 +28,6 @@ host_memory_option = click.option(
     "--host-memory-gib", type=float, default=None,
     help="Host RAM per node, GiB. Offload setups that need more (less the safety margin) are left out; "
          "default: unknown, offload rows only show what they need.")
-
-
-def _ranks(_ctx, _param, value: str) -> tuple[int, ...]:
-    try:
-        ranks = tuple(int(r) for r in value.split(","))
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got '{value}'") from None
-    if any(r <= 0 for r in ranks):
-        raise click.BadParameter(f"LoRA ranks must be positive, got '{value}'")
-    return ranks
 
 
 @click.command("plan")
@@ -58,8 +49,8 @@ def _ranks(_ctx, _param, value: str) -> tuple[int, ...]:
 @click.option("--any", "training", flag_value="any", default=True, help="Recommend full fine-tuning or LoRA (default).")
 @click.option("--full", "training", flag_value="full", help="Recommend among full fine-tuning setups only.")
 @click.option("--lora", "training", flag_value="lora", help="Recommend among LoRA setups only.")
-@click.option("--lora-ranks", default=",".join(map(str, DEFAULT_LORA_RANKS)), show_default=True, callback=_ranks,
-              help="LoRA ranks to consider.")
+@click.option("--lora-ranks", default=",".join(map(str, DEFAULT_LORA_RANKS)), show_default=True,
+              callback=positive_int_list("LoRA ranks"), help="LoRA ranks to consider.")
 @budget_options
 @host_memory_option
 @calibrations_option
