@@ -10,7 +10,7 @@ import difflib
 import hashlib
 import json
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 from models.errors import FtplanError
@@ -146,3 +146,9 @@ def load_architecture(name_or_path: str) -> Architecture:
     if config["model_type"] not in SUPPORTED_MODEL_TYPES:
         raise FtplanError(f"{path}: model_type '{config['model_type']}' not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
     return Architecture(id=arch_id, config=config)
+
+
+@lru_cache(maxsize=64)
+def cached_architecture(name_or_path: str) -> Architecture:
+    """load_architecture for hot loops (fits, prior, planner search); a config edited on disk mid-process is not re-read."""
+    return load_architecture(name_or_path)

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from calibration.settings import Setting
+from models.architecture import cached_architecture
 from models.curve import Curve, fit_convex_curve, with_line_below_points
 from models.errors import FtplanError
 from models.hardware import find_gpu
 from models.prediction import Estimate
-from models.prior import ComputeRate, LadderSlope, cached_architecture, fit_compute_rate, ladder_slopes
+from models.prior import ComputeRate, LadderSlope, fit_compute_rate, ladder_slopes
 from models.wall import healthy_points, reserved_capped
 
 # Relative floors of the upper prediction bound, for fits whose few points leave residuals near zero.

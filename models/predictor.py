@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from calibration.records import read_records
 from calibration.settings import Setting
+from models.architecture import cached_architecture
 from models.communication import (Links, data_parallel_step_seconds, estimate_overlap, links_from_catalog,
                                   step_time_cv, step_traffic)
 from models.errors import FtplanError
@@ -27,7 +28,7 @@ from models.fitset import FitSet, fit_records
 from models.hardware import GpuSpec, find_gpu, load_catalog
 from models.paths import calibrations_dir
 from models.prediction import SOURCE_CALIBRATED, SOURCE_EXTRAPOLATED, SOURCE_PRIOR, Estimate, Prediction
-from models.prior import PriorConstants, PriorEstimate, cached_architecture, fit_constants, prior_estimate
+from models.prior import PriorConstants, PriorEstimate, fit_constants, prior_estimate
 
 DEFAULT_INTER_NODE_LINK = "cloud"
 

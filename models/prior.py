@@ -22,13 +22,12 @@ import statistics
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
 from calibration.settings import Setting
 from models.activations import activations_bytes_per_token, liger_lm_head_grad_bytes, loss_bytes_per_token
-from models.architecture import Architecture, load_architecture
+from models.architecture import Architecture, cached_architecture
 from models.bytes_per_param import frozen_param_bytes, trainable_param_bytes
 from models.curve import fit_convex_curve
 from models.errors import FtplanError
@@ -276,11 +275,6 @@ def prior_estimate(arch: Architecture, setting: Setting, batch: int, gpu: GpuSpe
     compute = constants.step_overhead_seconds + batch * rate.seconds_per_sample(arch, setting, gpu)
     optimizer = optimizer_seconds(arch, setting, gpu, constants.cpu_adam_seconds_per_param)
     return PriorEstimate(allocated, allocated * constants.fragmentation, compute + optimizer, compute, optimizer)
-
-
-@lru_cache(maxsize=64)
-def cached_architecture(model: str) -> Architecture:
-    return load_architecture(model)
 
 
 @dataclass(frozen=True)

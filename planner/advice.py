@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from calibration.settings import Setting
-from models.architecture import load_architecture
+from models.architecture import cached_architecture, load_architecture
 from models.hardware import GIB
 from models.host_memory import host_bytes_per_node
 from models.prediction import SOURCE_CALIBRATED, SOURCE_EXTRAPOLATED, SOURCE_PRIOR
@@ -187,7 +187,7 @@ def unmeasured_notes(plan: Plan, failed: dict[Setting, str]) -> list[str]:
         line = (f"{setting.label()} was calibrated but its trial failed ({why}); rows marked 'trial failed' "
                 "are the prior's guess for it")
         if setting.offload_optimizer:
-            need = host_bytes_per_node(load_architecture(setting.model), setting) / GIB
+            need = host_bytes_per_node(cached_architecture(setting.model), setting) / GIB
             line += (f". Its CPU offload pins at least {need:,.1f} GiB of host RAM on one GPU "
                      "(fp32 master weights, fp32 gradients, Adam moments and a half-precision buffer, "
                      "models/host_memory.py)")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from calibration.settings import Setting
-from models.architecture import load_architecture
+from models.architecture import cached_architecture
 from models.errors import FtplanError
 from models.fit import MAX_BATCH, SAFETY_MARGIN, TIME_FLOOR
 from models.hardware import GIB, GpuSpec
@@ -195,7 +195,7 @@ def plan_setup(predictor: Predictor, setting: Setting, request: PlanRequest) -> 
     # A per-GPU batch beyond the samples each GPU sees in one epoch only pads the last step.
     max_batch = min(MAX_SEARCH_BATCH, -(-request.dataset_size // setting.world_size))
     at_one = predict(1)
-    host = host_bytes_per_node(load_architecture(setting.model), setting)
+    host = host_bytes_per_node(cached_architecture(setting.model), setting)
     usable_host = request.usable_host_bytes
     if usable_host is not None and host > usable_host:
         return SetupPlan(setting, at_one, host_bytes=host, host_short=True)
