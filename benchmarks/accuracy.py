@@ -87,7 +87,7 @@ def _larger_batches(group: list[dict], seq: int, rate) -> list[dict]:
         return []
     row = _errors(fit, test, "larger batches", seq)
     row["train_batches"] = [r["micro_batch"] for r in train]
-    row.update(_max_batch(fit, group, ok, walls, seq))
+    row.update(_max_batch(fit, group, ok, walls, seq, rate))
     return [row]
 
 
@@ -121,16 +121,36 @@ def _errors(fit, test: list[dict], kind: str, seq: int) -> dict:
     return {"kind": kind, "setting": label, "gpu": fit.gpu_name, "seq_len": seq, "points": points}
 
 
-def _max_batch(fit, group: list[dict], ok: list[dict], walls: set[int], seq: int) -> dict:
-    """Predicted largest safe batch against the largest batch that ran healthily before OOM or wall."""
+def _max_batch(fit, group: list[dict], ok: list[dict], walls: set[int], seq: int, rate) -> dict:
+    """Predicted largest safe batch against the largest batch that ran healthily before OOM or wall,
+    what a safe but smaller prediction costs in throughput, and the allocator's overhead at the
+    measured largest batch per byte of fp32 logits (the evidence for models.fit.LOGIT_BLOCKS_*)."""
     ooms = [r["micro_batch"] for r in group if r["status"] == "oom" and r["seq_len"] == seq]
     limit = min(ooms + sorted(walls), default=None)
     capacity = max((r.get("gpu_memory_total_bytes") or 0) for r in ok)
     if limit is None or not capacity:
         return {"predicted_max_batch": None, "measured_max_batch": None}
     measured = max((r["micro_batch"] for r in ok if r["micro_batch"] < limit), default=0)
-    return {"predicted_max_batch": fit_largest_safe_batch(fit, seq, MemoryBudget(capacity)),
-            "measured_max_batch": measured}
+    predicted = fit_largest_safe_batch(fit, seq, MemoryBudget(capacity))
+    at_max = next(r for r in ok if r["micro_batch"] == measured)
+    logits = measured * seq * fit.logit_bytes_per_token
+    overhead = at_max["peak_reserved_bytes"] - at_max["peak_allocated_bytes"] if at_max.get("peak_reserved_bytes") else None
+    return {"predicted_max_batch": predicted, "measured_max_batch": measured,
+            "throughput_given_up_pct": _throughput_given_up(ok, predicted, measured, seq, rate),
+            "overhead_per_logit_byte_at_max": overhead / logits if logits and overhead is not None else None}
+
+
+def _throughput_given_up(ok: list[dict], predicted: int, measured: int, seq: int, rate) -> float | None:
+    """Share of the measured largest batch's samples per second that the predicted batch loses, on
+    step times fitted to the whole measured ladder; None when the prediction would not fit (or is 0)."""
+    if not 0 < predicted <= measured:
+        return None
+    ladder = fit_setting(ok, rate)
+
+    def samples_per_second(batch: int) -> float:
+        return batch / ladder.seconds_per_step(batch, seq).mean
+
+    return 100.0 * (1 - samples_per_second(predicted) / samples_per_second(measured))
 
 
 def _summary(rows: list[dict]) -> dict:
@@ -146,6 +166,11 @@ def _summary(rows: list[dict]) -> dict:
         sum(r["predicted_max_batch"] == r["measured_max_batch"] for r in judged) / len(judged) if judged else None)
     summary["max_batch_unsafe_count"] = sum(r["predicted_max_batch"] > r["measured_max_batch"] for r in judged)
     summary["max_batch_settings_judged"] = len(judged)
+    given_up = [r["throughput_given_up_pct"] for r in judged if r["throughput_given_up_pct"] is not None]
+    summary["max_batch_throughput_given_up_max_pct"] = max(given_up, default=None)
+    ratios = sorted(r["overhead_per_logit_byte_at_max"] for r in judged if r["overhead_per_logit_byte_at_max"])
+    summary["max_batch_overhead_per_logit_byte_median"] = statistics.median(ratios) if ratios else None
+    summary["max_batch_overhead_per_logit_byte_max"] = max(ratios, default=None)
     summary["test_points"] = sum(len(r["points"]) for r in rows)
     return summary
 
@@ -153,14 +178,15 @@ def _summary(rows: list[dict]) -> dict:
 def _table(title: str, result: dict) -> Table:
     table = Table(title=title)
     for column in ("held out", "setting", "GPU", "train", "n", "alloc med/max %", "reserved med/max %",
-                   "time med/max %", "max batch pred/meas"):
+                   "time med/max %", "max batch pred/meas", "speed given up %"):
         table.add_column(column)
     for row in result["settings"]:
         cells = [_med_max(row["points"], name) for name in ("memory", "reserved", "time")]
         batch = ("" if row.get("predicted_max_batch") is None
                  else f"{row['predicted_max_batch']}/{row['measured_max_batch']}")
+        given_up = row.get("throughput_given_up_pct")
         table.add_row(row["kind"], row["setting"], row["gpu"], ",".join(map(str, row["train_batches"])),
-                      str(len(row["points"])), *cells, batch)
+                      str(len(row["points"])), *cells, batch, "" if given_up is None else f"{given_up:.1f}")
     return table
 
 

@@ -17,11 +17,12 @@ import numpy as np
 
 from calibration.settings import Setting
 from models.architecture import cached_architecture
+from models.bytes_per_param import FP32_BYTES
 from models.curve import Curve, fit_convex_curve, with_line_below_points
 from models.errors import FtplanError
 from models.hardware import find_gpu
 from models.prediction import Estimate
-from models.prior import ComputeRate, LadderSlope, fit_compute_rate, ladder_slopes
+from models.prior import ComputeRate, LadderSlope, fit_compute_rate, ladder_slopes, logit_elements_per_sample
 from models.wall import healthy_points, reserved_capped
 
 # Relative floors of the upper prediction bound, for fits whose few points leave residuals near zero.
@@ -34,6 +35,17 @@ TIME_FLOOR = 0.05
 # ladders the largest fitting batches use 99.2% (qwen2.5-0.5b full, batch 19) and 96.2% (Llama-3-8B
 # LoRA r16, batch 7) of it.
 SAFETY_MARGIN = 0.02
+# Reserved memory the unfused loss strands, per byte of one fp32 logits tensor (batch·seq·vocab·4).
+# The caching allocator keeps the freed logits-sized blocks of the loss (upcast, log-softmax and
+# their gradients) and cannot fit other tensors into them, so reserved − allocated grows with the
+# logits while a constant overhead cannot follow: on the shipped H200 ladders (no Liger, seq 2048)
+# it is 0.35 to 0.92 of one logits tensor at the largest fitting batch, median 0.70
+# (`python benchmarks/accuracy.py` prints these), and an OOM then strikes with up to 35 GiB
+# reserved but free (qwen2.5-0.5b with checkpointing, batch 32). Like the constant overhead, the
+# mean takes the median and the bound the largest seen. Liger's fused loss builds no logits; its
+# overhead stays at 1-3 GiB at any batch.
+LOGIT_BLOCKS_TYPICAL = 0.70
+LOGIT_BLOCKS_HIGHEST = 0.92
 MAX_BATCH = 4096      # search ceiling when memory stops growing with batch
 
 
@@ -80,6 +92,7 @@ class SettingFit:
     walls: tuple[tuple[int, int], ...]  # (seq_len, batch) at the allocator wall
     records: tuple[dict, ...]
     compute_rate: ComputeRate | None = None  # learnt from other settings; sets the large-batch time slope
+    logit_bytes_per_token: float = 0.0  # one fp32 logits tensor per token; 0 with Liger's fused loss
 
     def setting_at(self, seq_len: int) -> Setting:
         return Setting.from_dict({**self.setting, "seq_len": seq_len})
@@ -105,9 +118,12 @@ class SettingFit:
         return self.allocated.predict(batch, seq_len)
 
     def peak_reserved(self, batch: int, seq_len: int) -> Estimate:
-        """Allocated plus the allocator's overhead: typical for the mean, the largest seen for the bound."""
+        """Allocated plus the allocator's overhead: the constant seen in the setting (typical for the
+        mean, the largest for the bound) or, once the logits dominate, the blocks they strand."""
         allocated = self.allocated.predict(batch, seq_len)
-        return Estimate(mean=allocated.mean + self.overhead.typical, upper=allocated.upper + self.overhead.highest)
+        logits = batch * seq_len * self.logit_bytes_per_token
+        return Estimate(mean=allocated.mean + max(self.overhead.typical, LOGIT_BLOCKS_TYPICAL * logits),
+                        upper=allocated.upper + max(self.overhead.highest, LOGIT_BLOCKS_HIGHEST * logits))
 
     def seconds_per_step(self, batch: int, seq_len: int) -> Estimate:
         return self.time.predict(batch, seq_len)
@@ -145,7 +161,7 @@ class SettingFit:
                 "peak_allocated": self.allocated.to_json(), "reserved_overhead": self.overhead.to_json(),
                 "seconds_per_step": self.time.to_json(), "walls": [list(w) for w in self.walls],
                 "compute_rate": self.compute_rate.to_json() if self.compute_rate else None,
-                "records": list(self.records)}
+                "logit_bytes_per_token": self.logit_bytes_per_token, "records": list(self.records)}
 
     @classmethod
     def from_json(cls, data: dict) -> SettingFit:
@@ -154,7 +170,8 @@ class SettingFit:
                    overhead=Overhead.from_json(data["reserved_overhead"]),
                    time=Curve.from_json(data["seconds_per_step"]),
                    walls=tuple((int(s), int(b)) for s, b in data["walls"]), records=tuple(data["records"]),
-                   compute_rate=ComputeRate.from_json(data["compute_rate"]))
+                   compute_rate=ComputeRate.from_json(data["compute_rate"]),
+                   logit_bytes_per_token=float(data["logit_bytes_per_token"]))
 
 
 def setting_without_seq_len(data: dict) -> dict:
@@ -192,7 +209,18 @@ def fit_setting(records: list[dict], compute_rate: ComputeRate | None = None) ->
     capacity = max((r.get("gpu_memory_total_bytes") or 0 for r in records), default=0) or None
     return SettingFit(setting=setting_without_seq_len(first), gpu_name=str(first.get("gpu_name")), capacity_bytes=capacity,
                       allocated=allocated, overhead=Overhead.fit(healthy), time=time, walls=walls,
-                      records=tuple(records), compute_rate=compute_rate if slopes else None)
+                      records=tuple(records), compute_rate=compute_rate if slopes else None,
+                      logit_bytes_per_token=_logit_bytes_per_token(first))
+
+
+def _logit_bytes_per_token(record: dict) -> float:
+    """Bytes of one fp32 logits tensor per token; 0 for an architecture not known here (no term)."""
+    try:
+        arch = cached_architecture(record["model"])
+    except FtplanError:
+        return 0.0
+    setting = Setting.from_dict(record)
+    return logit_elements_per_sample(arch, setting) * FP32_BYTES / setting.seq_len
 
 
 def _compute_slopes(time: Curve, record: dict, rate: ComputeRate) -> tuple[float, ...] | None:

@@ -20,7 +20,7 @@ from models.errors import FtplanError
 from models.fit import SettingFit, fit_groups, fit_setting, setting_without_seq_len
 
 FORMAT = "ftplan-fits"
-FORMAT_VERSION = 2  # 2: fits carry the compute rate their step-time slope came from
+FORMAT_VERSION = 3  # 2: fits carry the compute rate their step-time slope came from; 3: and their logits bytes
 REFIT_TOLERANCE = 1e-6  # relative: refits differ only by floating-point noise across library versions
 
 

@@ -111,6 +111,22 @@ def test_reserved_bound_is_wider_than_allocated_and_above_it():
     assert reserved.upper - reserved.mean >= allocated.upper - allocated.mean
 
 
+def test_reserved_overhead_grows_with_the_logits_the_unfused_loss_strands():
+    """A 1 GiB gap at small batches says nothing about batch 31, where qwen2.5-0.5b's fp32 logits
+    are 36 GiB: the H200 ladders left 0.35-0.92 of them reserved but unusable."""
+    fit = fit_setting(synthetic_records([1, 2, 4]))
+    logits = 31 * 2048 * 151936 * 4
+    assert fit.peak_reserved(31, 2048).mean == pytest.approx(fit.peak_allocated(31, 2048).mean + 0.70 * logits)
+    assert fit.peak_reserved(31, 2048).upper == pytest.approx(fit.peak_allocated(31, 2048).upper + 0.92 * logits)
+    assert fit.peak_reserved(1, 2048).mean == pytest.approx(fit.peak_allocated(1, 2048).mean + GIB)
+
+
+def test_fused_loss_keeps_the_constant_overhead():
+    fit = fit_setting(synthetic_records([1, 2, 4], setting=SETTING.with_(liger=True)))
+    assert fit.logit_bytes_per_token == 0
+    assert fit.peak_reserved(31, 2048).upper == pytest.approx(fit.peak_allocated(31, 2048).upper + GIB)
+
+
 @settings(max_examples=15, deadline=None)
 @given(slopes=st.lists(st.floats(0.01, 3.0), min_size=2, max_size=2),
        noise=st.lists(st.floats(-0.02, 0.02), min_size=12, max_size=12),
@@ -167,8 +183,10 @@ def test_fits_keep_their_compute_rate_through_json(tmp_path):
 
 
 @needs_external
-def test_safe_batch_of_public_3090_ladder_is_its_largest_fitting_batch():
-    """Upper bound of reserved = allocated bound + largest observed overhead; 2% of the card kept free."""
+def test_safe_batch_of_public_3090_ladder_is_safe_and_one_short():
+    """Upper bound of reserved = allocated bound + the larger of the overhead seen and 0.92 of the
+    fp32 logits; 2% of the card kept free. This ladder stranded only 0.19 of its logits, so the
+    bound costs one batch here (5 fits, 6 ran out of memory)."""
     records = [r for r in load_external() if r["offload_optimizer"]]
     fit = fit_setting([r for r in records if r["micro_batch"] <= 3])
-    assert largest_safe_batch(fit, 2048, fit.capacity_bytes) == 5  # batch 6 ran out of memory
+    assert largest_safe_batch(fit, 2048, fit.capacity_bytes) == 4
