@@ -168,7 +168,7 @@ def _summary(rows: list[dict]) -> dict:
     summary["max_batch_settings_judged"] = len(judged)
     given_up = [r["throughput_given_up_pct"] for r in judged if r["throughput_given_up_pct"] is not None]
     summary["max_batch_throughput_given_up_max_pct"] = max(given_up, default=None)
-    ratios = sorted(r["overhead_per_logit_byte_at_max"] for r in judged if r["overhead_per_logit_byte_at_max"])
+    ratios = [r["overhead_per_logit_byte_at_max"] for r in judged if r["overhead_per_logit_byte_at_max"]]
     summary["max_batch_overhead_per_logit_byte_median"] = statistics.median(ratios) if ratios else None
     summary["max_batch_overhead_per_logit_byte_max"] = max(ratios, default=None)
     summary["test_points"] = sum(len(r["points"]) for r in rows)
