@@ -124,7 +124,7 @@ def _errors(fit, test: list[dict], kind: str, seq: int) -> dict:
 def _max_batch(fit, group: list[dict], ok: list[dict], walls: set[int], seq: int, rate) -> dict:
     """Predicted largest safe batch against the largest batch that ran healthily before OOM or wall,
     what a safe but smaller prediction costs in throughput, and the allocator's overhead at the
-    measured largest batch per byte of fp32 logits (the evidence for models.fit.LOGIT_BLOCKS_*)."""
+    measured largest batch per byte of fp32 logits (the evidence for models.fit.LOGIT_BLOCKS_HIGHEST)."""
     ooms = [r["micro_batch"] for r in group if r["status"] == "oom" and r["seq_len"] == seq]
     limit = min(ooms + sorted(walls), default=None)
     capacity = max((r.get("gpu_memory_total_bytes") or 0) for r in ok)

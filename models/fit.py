@@ -41,10 +41,9 @@ SAFETY_MARGIN = 0.02
 # logits while a constant overhead cannot follow: on the shipped H200 ladders (no Liger, seq 2048)
 # it is 0.35 to 0.92 of one logits tensor at the largest fitting batch, median 0.70
 # (`python benchmarks/accuracy.py` prints these), and an OOM then strikes with up to 35 GiB
-# reserved but free (qwen2.5-0.5b with checkpointing, batch 32). Like the constant overhead, the
-# mean takes the median and the bound the largest seen. Liger's fused loss builds no logits; its
-# overhead stays at 1-3 GiB at any batch.
-LOGIT_BLOCKS_TYPICAL = 0.70
+# reserved but free (qwen2.5-0.5b with checkpointing, batch 32). The bound takes the largest share
+# seen; the mean the share of the setting's own largest measured batch. Liger's fused loss builds
+# no logits; its overhead stays at 1-3 GiB at any batch.
 LOGIT_BLOCKS_HIGHEST = 0.92
 MAX_BATCH = 4096      # search ceiling when memory stops growing with batch
 
@@ -61,6 +60,8 @@ class Overhead:
     typical: float   # median over the larger half
     highest: float   # largest observed there
     n_points: int
+    largest_tokens: float = 0.0  # batch·seq of the largest measured point
+    at_largest: float = 0.0      # the overhead there
 
     @classmethod
     def fit(cls, records: list[dict]) -> Overhead:
@@ -69,14 +70,17 @@ class Overhead:
         larger = [gap for _, gap in measured[len(measured) // 2:]]
         if not larger:  # no reserved memory measured (CPU): no caching allocator, nothing to add
             return cls(0.0, 0.0, 0)
-        return cls(float(statistics.median(larger)), float(max(larger)), len(measured))
+        tokens, gap = measured[-1]
+        return cls(float(statistics.median(larger)), float(max(larger)), len(measured), float(tokens), float(gap))
 
     def to_json(self) -> dict:
-        return {"typical": self.typical, "highest": self.highest, "n_points": self.n_points}
+        return {"typical": self.typical, "highest": self.highest, "n_points": self.n_points,
+                "largest_tokens": self.largest_tokens, "at_largest": self.at_largest}
 
     @classmethod
     def from_json(cls, data: dict) -> Overhead:
-        return cls(float(data["typical"]), float(data["highest"]), int(data["n_points"]))
+        return cls(float(data["typical"]), float(data["highest"]), int(data["n_points"]),
+                   float(data["largest_tokens"]), float(data["at_largest"]))
 
 
 @dataclass(frozen=True)
@@ -122,8 +126,14 @@ class SettingFit:
         mean, the largest for the bound) or, once the logits dominate, the blocks they strand."""
         allocated = self.allocated.predict(batch, seq_len)
         logits = batch * seq_len * self.logit_bytes_per_token
-        return Estimate(mean=allocated.mean + max(self.overhead.typical, LOGIT_BLOCKS_TYPICAL * logits),
+        return Estimate(mean=allocated.mean + max(self.overhead.typical, self.stranded_logit_share * logits),
                         upper=allocated.upper + max(self.overhead.highest, LOGIT_BLOCKS_HIGHEST * logits))
+
+    @property
+    def stranded_logit_share(self) -> float:
+        """Overhead per logits byte at the largest measured batch (capped by the bound's share)."""
+        logits = self.overhead.largest_tokens * self.logit_bytes_per_token
+        return min(self.overhead.at_largest / logits, LOGIT_BLOCKS_HIGHEST) if logits else 0.0
 
     def seconds_per_step(self, batch: int, seq_len: int) -> Estimate:
         return self.time.predict(batch, seq_len)
@@ -147,6 +157,20 @@ class SettingFit:
         limits = [batch for seq, batch in self.walls if seq <= seq_len]
         oom = self.smallest_oom_batch(seq_len)
         return min(limits + ([oom] if oom else []), default=None)
+
+    def proven_batch(self, seq_len: int, capacity_bytes: int) -> int | None:
+        """Largest batch measured ok at this length, clear of the wall, below the observed limit and
+        within a card of this capacity.
+
+        It ran in this setting and its measured peak fits, so it is safe whatever a fit's bound says:
+        the bound is for batches nobody measured (qwen2.5-0.5b full ran at batch 19, 99.2% of an H200).
+        """
+        limit = self.observed_limit(seq_len)
+        walls = set(self.wall_batches(seq_len))
+        return max((r["micro_batch"] for r in self.records
+                    if r["status"] == "ok" and r["seq_len"] == seq_len and r["micro_batch"] not in walls
+                    and (limit is None or r["micro_batch"] < limit)
+                    and (r.get("peak_reserved_bytes") or r["peak_allocated_bytes"]) <= capacity_bytes), default=None)
 
     @property
     def n_points(self) -> int:

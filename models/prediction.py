@@ -32,4 +32,5 @@ class Prediction:
     seconds_per_step: Estimate
     source: str
     wall_batch: int | None = None           # smallest batch observed at the allocator wall or OOM, if known
+    proven_batch: int | None = None         # largest batch measured healthy below it: safe by observation
     notes: tuple[str, ...] = field(default=())

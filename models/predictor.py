@@ -122,8 +122,10 @@ class Predictor:
         if exact and not inside:
             notes.append(f"batch {batch} outside the calibrated batches {calibrated or 'at this length'}: extrapolated")
         wall = fit.observed_limit(seq) if exact else None  # a wall belongs to one card and one setting
+        proven = fit.proven_batch(seq, gpu.memory_bytes) if exact else None
         return Prediction(setting, batch, gpu.name, allocated, reserved, seconds,
-                          SOURCE_CALIBRATED if inside else SOURCE_EXTRAPOLATED, wall, tuple(notes))
+                          SOURCE_CALIBRATED if inside else SOURCE_EXTRAPOLATED, wall_batch=wall, proven_batch=proven,
+                          notes=tuple(notes))
 
     def _from_prior(self, setting: Setting, batch: int, gpu: GpuSpec, prior: PriorEstimate,
                     constants: PriorConstants) -> Prediction:
@@ -136,7 +138,7 @@ class Predictor:
         return Prediction(setting, batch, gpu.name,
                           Estimate(prior.peak_allocated, prior.peak_allocated * (1 + constants.memory_margin)),
                           Estimate(prior.peak_reserved, prior.peak_reserved * (1 + constants.reserved_margin)),
-                          seconds, SOURCE_PRIOR, None, tuple(notes))
+                          seconds, SOURCE_PRIOR, notes=tuple(notes))
 
     def _evidence(self, setting: Setting, gpu: GpuSpec) -> _Evidence | None:
         """The closest calibrated fit: this GPU first, then any GPU; this setting, then its relatives."""

@@ -51,14 +51,18 @@ class MemoryBudget:
         return text
 
 
-def is_safe(batch: int, reserved_upper_bytes: float, budget: MemoryBudget, observed_limit: int | None) -> bool:
-    """The rule for one batch: under the usable memory and below the smallest batch seen at the wall or OOM."""
+def is_safe(batch: int, reserved_upper_bytes: float, budget: MemoryBudget, observed_limit: int | None,
+            proven_batch: int | None = None) -> bool:
+    """The rule for one batch: below the smallest batch seen at the wall or OOM, and either no larger
+    than a batch measured healthy or under the usable memory."""
     below_limit = observed_limit is None or batch < observed_limit
-    return below_limit and reserved_upper_bytes <= budget.usable_bytes
+    proven = proven_batch is not None and batch <= proven_batch
+    return below_limit and (proven or reserved_upper_bytes <= budget.usable_bytes)
 
 
 def largest_safe_batch(reserved_upper: Callable[[int], float], budget: MemoryBudget,
-                       observed_limit: int | None = None, max_batch: int = MAX_BATCH) -> int:
+                       observed_limit: int | None = None, max_batch: int = MAX_BATCH,
+                       proven_batch: int | None = None) -> int:
     """Largest safe micro-batch ≤ max_batch, 0 when not even batch 1 is safe.
 
     reserved_upper(batch) is the upper bound of peak reserved bytes per GPU, non-decreasing in
@@ -66,7 +70,7 @@ def largest_safe_batch(reserved_upper: Callable[[int], float], budget: MemoryBud
     prediction, so few matter when the planner searches hundreds of setups).
     """
     def safe(batch: int) -> bool:
-        return is_safe(batch, reserved_upper(batch), budget, observed_limit)
+        return is_safe(batch, reserved_upper(batch), budget, observed_limit, proven_batch)
 
     if max_batch < 1 or not safe(1):
         return 0
@@ -83,4 +87,4 @@ def largest_safe_batch(reserved_upper: Callable[[int], float], budget: MemoryBud
 def fit_largest_safe_batch(fit: SettingFit, seq_len: int, budget: MemoryBudget) -> int:
     """The rule applied to one fit at one sequence length, as the accuracy benchmark scores it."""
     return largest_safe_batch(lambda batch: fit.peak_reserved(batch, seq_len).upper, budget,
-                              fit.observed_limit(seq_len))
+                              fit.observed_limit(seq_len), proven_batch=fit.proven_batch(seq_len, budget.capacity_bytes))

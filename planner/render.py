@@ -29,7 +29,8 @@ def prediction_to_dict(prediction: Prediction) -> dict:
             "peak_reserved_gib": _gib(prediction.peak_reserved),
             "seconds_per_step": {"mean": prediction.seconds_per_step.mean,
                                  "upper": prediction.seconds_per_step.upper},
-            "source": prediction.source, "wall_batch": prediction.wall_batch, "notes": list(prediction.notes)}
+            "source": prediction.source, "wall_batch": prediction.wall_batch,
+            "proven_batch": prediction.proven_batch, "notes": list(prediction.notes)}
 
 
 def eta_to_dict(eta: Eta) -> dict:

@@ -39,7 +39,8 @@ class Predictor(Protocol):
 
 def fits_budget(prediction: Prediction, budget: MemoryBudget) -> bool:
     """models.safe_batch's rule applied to one prediction."""
-    return is_safe(prediction.micro_batch, prediction.peak_reserved.upper, budget, prediction.wall_batch)
+    return is_safe(prediction.micro_batch, prediction.peak_reserved.upper, budget, prediction.wall_batch,
+                   prediction.proven_batch)
 
 
 def safe_prediction(predict: Callable[[int], Prediction], budget: MemoryBudget,
@@ -48,8 +49,9 @@ def safe_prediction(predict: Callable[[int], Prediction], budget: MemoryBudget,
 
     The wall (or OOM) batch a prediction carries belongs to its setting, not to the batch asked.
     """
-    wall = predict(1).wall_batch
-    batch = largest_safe_batch(lambda b: predict(b).peak_reserved.upper, budget, wall, max_batch)
+    first = predict(1)
+    batch = largest_safe_batch(lambda b: predict(b).peak_reserved.upper, budget, first.wall_batch, max_batch,
+                               first.proven_batch)
     return predict(batch) if batch else None
 
 

