@@ -30,6 +30,9 @@ EXIT_OK, EXIT_OOM = 0, 3
 POLL_SECONDS = 0.1
 KILL_GRACE_SECONDS = 5.0
 _PR_SET_PDEATHSIG = 1
+# What a healthy rank dies of when a peer of its collective died first: the echo, not the cause.
+# Both exit within one watchdog poll more often than not, so the order of exits cannot tell them apart.
+PEER_LOSS_MARKERS = ("closed by peer", "reset by peer", "Broken pipe", "communicator was aborted", "NCCL error")
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,12 @@ class TrialOutcome:
 
     @property
     def message(self) -> str:
-        """The first cause, not its echo: a rank that failed by itself before ranks the watchdog stopped."""
-        failed = sorted((r for r in self.ranks if r.status == self.status != "ok"), key=lambda r: r.stopped)
+        """The first cause, not its echo: a rank that failed by itself before one that lost a peer,
+        and both before ranks the watchdog stopped."""
+        def echo(rank: RankOutcome) -> bool:
+            return any(marker in rank.message for marker in PEER_LOSS_MARKERS)
+
+        failed = sorted((r for r in self.ranks if r.status == self.status != "ok"), key=lambda r: (r.stopped, echo(r)))
         return f"rank {failed[0].rank}: {failed[0].message}" if failed else ""
 
 

@@ -105,3 +105,11 @@ def test_a_rank_failing_inside_a_gloo_group_does_not_leave_the_other_blocked_in_
     assert outcome.message.startswith("rank 1: exited with code 1: ")
     assert outcome.message.endswith("RuntimeError: rank 1 fails inside the process group")
     assert outcome.ranks[0].message == "stopped by the watchdog after rank 1 failed"
+
+
+def test_a_rank_that_lost_its_peer_is_not_named_as_the_cause_when_both_ended_together():
+    """gloo's error on the healthy rank is the echo of the peer's crash; the watchdog often sees both exits at once."""
+    echo = launcher.RankOutcome(0, "error", "exited with code 1: RuntimeError: [../third_party/gloo/gloo/transport/"
+                                            "tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:41234", {})
+    cause = launcher.RankOutcome(1, "error", "exited with code 1: [rank1]: RuntimeError: rank 1 fails mid-step", {})
+    assert launcher.TrialOutcome([echo, cause], 1.0).message == f"rank 1: {cause.message}"
