@@ -9,6 +9,7 @@ rule that turns a fit and a card into a batch size lives in models/safe_batch.py
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import warnings
 from dataclasses import dataclass
@@ -170,7 +171,8 @@ class SettingFit:
         return max((r["micro_batch"] for r in self.records
                     if r["status"] == "ok" and r["seq_len"] == seq_len and r["micro_batch"] not in walls
                     and (limit is None or r["micro_batch"] < limit)
-                    and (r.get("peak_reserved_bytes") or r["peak_allocated_bytes"]) <= capacity_bytes), default=None)
+                    and (r.get("peak_reserved_bytes") or r.get("peak_allocated_bytes") or math.inf) <= capacity_bytes),
+                   default=None)
 
     @property
     def n_points(self) -> int:

@@ -1,8 +1,9 @@
 """The one rule that turns predicted memory and a card into a batch size: the largest safe micro-batch.
 
-A batch is safe when the *upper* bound of per-GPU peak reserved memory stays within
-capacity·(1 − margin) − context reserve, and the batch stays below any batch observed at the
-allocator wall or out of memory (an observation outranks any fit). The planner (over Predictor
+A batch is safe when it stays below any batch observed at the allocator wall or out of memory, and
+either the *upper* bound of per-GPU peak reserved memory stays within capacity·(1 − margin) −
+context reserve or the batch was itself measured healthy on such a card (observations outrank any
+fit, both ways). The planner (over Predictor
 answers) and the accuracy benchmark (over one SettingFit) both call `largest_safe_batch`, so the
 batch the planner recommends is the batch the benchmark scores.
 
