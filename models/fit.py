@@ -159,20 +159,15 @@ class SettingFit:
         oom = self.smallest_oom_batch(seq_len)
         return min(limits + ([oom] if oom else []), default=None)
 
-    def proven_batch(self, seq_len: int, capacity_bytes: int) -> int | None:
-        """Largest batch measured ok at this length, clear of the wall, below the observed limit and
-        within a card of this capacity.
-
-        It ran in this setting and its measured peak fits, so it is safe whatever a fit's bound says:
-        the bound is for batches nobody measured (qwen2.5-0.5b full ran at batch 19, 99.2% of an H200).
-        """
+    def measured_healthy(self, seq_len: int) -> tuple[tuple[int, float], ...]:
+        """(batch, measured peak reserved bytes) of the batches that ran ok at this length, clear of the
+        wall and below the observed limit: evidence that outranks the fit's bound (models/safe_batch.py)."""
         limit = self.observed_limit(seq_len)
         walls = set(self.wall_batches(seq_len))
-        return max((r["micro_batch"] for r in self.records
-                    if r["status"] == "ok" and r["seq_len"] == seq_len and r["micro_batch"] not in walls
-                    and (limit is None or r["micro_batch"] < limit)
-                    and (r.get("peak_reserved_bytes") or r.get("peak_allocated_bytes") or math.inf) <= capacity_bytes),
-                   default=None)
+        return tuple(sorted((r["micro_batch"], float(r.get("peak_reserved_bytes") or r.get("peak_allocated_bytes") or math.inf))
+                            for r in self.records
+                            if r["status"] == "ok" and r["seq_len"] == seq_len and r["micro_batch"] not in walls
+                            and (limit is None or r["micro_batch"] < limit)))
 
     @property
     def n_points(self) -> int:

@@ -32,5 +32,5 @@ class Prediction:
     seconds_per_step: Estimate
     source: str
     wall_batch: int | None = None           # smallest batch observed at the allocator wall or OOM, if known
-    proven_batch: int | None = None         # largest batch measured healthy below it: safe by observation
+    measured_healthy: tuple[tuple[int, float], ...] = ()  # (batch, measured peak bytes) that ran below it
     notes: tuple[str, ...] = field(default=())

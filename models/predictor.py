@@ -122,10 +122,9 @@ class Predictor:
         if exact and not inside:
             notes.append(f"batch {batch} outside the calibrated batches {calibrated or 'at this length'}: extrapolated")
         wall = fit.observed_limit(seq) if exact else None  # a wall belongs to one card and one setting
-        proven = fit.proven_batch(seq, gpu.memory_bytes) if exact else None
         return Prediction(setting, batch, gpu.name, allocated, reserved, seconds,
-                          SOURCE_CALIBRATED if inside else SOURCE_EXTRAPOLATED, wall_batch=wall, proven_batch=proven,
-                          notes=tuple(notes))
+                          SOURCE_CALIBRATED if inside else SOURCE_EXTRAPOLATED, wall_batch=wall,
+                          measured_healthy=fit.measured_healthy(seq) if exact else (), notes=tuple(notes))
 
     def _from_prior(self, setting: Setting, batch: int, gpu: GpuSpec, prior: PriorEstimate,
                     constants: PriorConstants) -> Prediction:

@@ -30,7 +30,8 @@ def prediction_to_dict(prediction: Prediction) -> dict:
             "seconds_per_step": {"mean": prediction.seconds_per_step.mean,
                                  "upper": prediction.seconds_per_step.upper},
             "source": prediction.source, "wall_batch": prediction.wall_batch,
-            "proven_batch": prediction.proven_batch, "notes": list(prediction.notes)}
+            "measured_healthy": [{"batch": b, "peak_reserved_gib": peak / GIB} for b, peak in prediction.measured_healthy],
+            "notes": list(prediction.notes)}
 
 
 def eta_to_dict(eta: Eta) -> dict:

@@ -40,7 +40,7 @@ class Predictor(Protocol):
 def fits_budget(prediction: Prediction, budget: MemoryBudget) -> bool:
     """models.safe_batch's rule applied to one prediction."""
     return is_safe(prediction.micro_batch, prediction.peak_reserved.upper, budget, prediction.wall_batch,
-                   prediction.proven_batch)
+                   prediction.measured_healthy)
 
 
 def safe_prediction(predict: Callable[[int], Prediction], budget: MemoryBudget,
@@ -51,7 +51,7 @@ def safe_prediction(predict: Callable[[int], Prediction], budget: MemoryBudget,
     """
     first = predict(1)
     batch = largest_safe_batch(lambda b: predict(b).peak_reserved.upper, budget, first.wall_batch, max_batch,
-                               first.proven_batch)
+                               first.measured_healthy)
     return predict(batch) if batch else None
 
 

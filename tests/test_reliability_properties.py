@@ -103,9 +103,12 @@ def test_every_planned_batch_is_the_largest_inside_the_usable_memory(shape, capa
 
 
 def _inside(prediction, budget: MemoryBudget) -> bool:
-    """The upper bound of reserved memory within the usable memory, and below any observed wall or OOM."""
+    """Below any observed wall or OOM, and the upper bound of reserved memory within the usable memory
+    or the batch (or a larger one) measured healthy with a peak within the card."""
     wall = prediction.wall_batch
-    return prediction.peak_reserved.upper <= budget.usable_bytes and (wall is None or prediction.micro_batch < wall)
+    measured = any(batch >= prediction.micro_batch and peak <= budget.capacity_bytes
+                   for batch, peak in prediction.measured_healthy)
+    return (prediction.peak_reserved.upper <= budget.usable_bytes or measured) and (wall is None or prediction.micro_batch < wall)
 
 
 @settings(max_examples=200, deadline=None)

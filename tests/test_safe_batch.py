@@ -12,7 +12,7 @@ from models.fitset import fit_records
 from models.hardware import find_gpu
 from models.paths import calibrations_dir
 from models.predictor import Predictor
-from models.safe_batch import MemoryBudget, fit_largest_safe_batch, largest_safe_batch
+from models.safe_batch import MemoryBudget, fit_largest_safe_batch, largest_safe_batch, proven_batch
 from planner.search import safe_prediction
 
 
@@ -56,7 +56,9 @@ def test_a_batch_measured_healthy_is_safe_even_where_the_bound_is_cautious(h200_
     fit = next(f for f in fit_records(h200_records).fits
                if f.setting["model"] == "qwen2.5-0.5b" and f.setting["gradient_checkpointing"])
     budget = MemoryBudget(fit.capacity_bytes)
-    assert fit.proven_batch(2048, fit.capacity_bytes) == 31
+    assert proven_batch(fit.measured_healthy(2048), fit.capacity_bytes) == 31
     assert largest_safe_batch(lambda b: fit.peak_reserved(b, 2048).upper, budget, fit.observed_limit(2048)) < 31
     assert fit_largest_safe_batch(fit, 2048, budget) == 31
-    assert fit.proven_batch(2048, 100 * 2**30) == 16  # on a smaller card only what fitted in it counts (24: 107 GiB)
+    smaller = MemoryBudget(100 * 2**30)  # on a smaller card only what fitted in it counts (24: 107 GiB)
+    assert proven_batch(fit.measured_healthy(2048), smaller.capacity_bytes) == 16
+    assert fit_largest_safe_batch(fit, 2048, smaller) < 24

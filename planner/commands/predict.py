@@ -16,7 +16,7 @@ from rich.table import Table
 from models.architecture import load_architecture
 from models.hardware import GIB, GpuSpec, find_gpu, load_catalog
 from models.prediction import Prediction
-from models.safe_batch import MemoryBudget, is_safe
+from models.safe_batch import MemoryBudget, is_safe, proven_batch
 from planner.commands.options import setting_from_options, setting_options
 from planner.inputs import calibrations_option, load_predictor
 
@@ -55,14 +55,14 @@ def prediction_to_dict(prediction: Prediction, gpu: GpuSpec) -> dict:
         "seconds_per_step_upper": prediction.seconds_per_step.upper,
         "fits_in_memory": is_safe(prediction.micro_batch, prediction.peak_reserved.upper,
                                   MemoryBudget(gpu.memory_bytes, safety_margin=0), prediction.wall_batch,
-                                  prediction.proven_batch),
+                                  prediction.measured_healthy),
         "gpu": gpu.name,
         "gpu_memory_gib": gpu.memory_gib,
         "micro_batch": prediction.micro_batch,
         "setting": prediction.setting.to_dict(),
         "source": prediction.source,
         "wall_batch": prediction.wall_batch,
-        "proven_batch": prediction.proven_batch,
+        "proven_batch": proven_batch(prediction.measured_healthy, gpu.memory_bytes),
         "notes": list(prediction.notes),
     }
 
@@ -79,10 +79,10 @@ def print_prediction(prediction: Prediction, gpu: GpuSpec, console: Console) -> 
     console.print(f"source: {prediction.source}")
     if prediction.wall_batch is not None:
         console.print(f"allocator wall or OOM observed at micro-batch {prediction.wall_batch}")
-    if prediction.proven_batch is not None:
-        console.print(f"measured healthy up to micro-batch {prediction.proven_batch} on this card")
-    proven = prediction.proven_batch is not None and prediction.micro_batch <= prediction.proven_batch
-    if prediction.peak_reserved.upper > gpu.memory_bytes and not proven:
+    proven = proven_batch(prediction.measured_healthy, gpu.memory_bytes)
+    if proven is not None:
+        console.print(f"measured healthy up to micro-batch {proven} on this card")
+    if prediction.peak_reserved.upper > gpu.memory_bytes and (proven is None or prediction.micro_batch > proven):
         console.print(f"[bold red]may not fit[/]: upper bound of reserved memory exceeds the card's {gpu.memory_gib:g} GiB")
     for note in prediction.notes:
         console.print(f"note: {note}")
