@@ -3,9 +3,9 @@
 A batch is safe when it stays below any batch observed at the allocator wall or out of memory, and
 either the *upper* bound of per-GPU peak reserved memory stays within capacity·(1 − margin) −
 context reserve or the batch was itself measured healthy on such a card (observations outrank any
-fit, both ways). The planner (over Predictor
-answers) and the accuracy benchmark (over one SettingFit) both call `largest_safe_batch`, so the
-batch the planner recommends is the batch the benchmark scores.
+fit, both ways). The planner (over Predictor answers) and the accuracy benchmark (over one
+SettingFit) both call `largest_safe_batch`, so the batch the planner recommends is the batch the
+benchmark scores.
 
 The context reserve is 0 by default: calibrations measure torch's reserved bytes on the same
 kind of card the plan is for, so the margin alone covers the CUDA context there.

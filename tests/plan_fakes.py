@@ -74,3 +74,12 @@ def run_ftplan(args, capsys, monkeypatch):
         code = exc.code or 0
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def planned_batch_fits(prediction: dict, plan: dict) -> bool:
+    """models/safe_batch.py's rule read back from `ftplan plan --json`: the upper bound within the usable
+    memory, or the batch (or a larger one) measured healthy with a peak within the planned card."""
+    budget = plan["memory_budget"]
+    measured = any(m["batch"] >= prediction["micro_batch"] and m["peak_reserved_gib"] <= budget["capacity_gib"]
+                   for m in prediction["measured_healthy"])
+    return prediction["peak_reserved_gib"]["upper"] <= budget["usable_gib"] or measured
