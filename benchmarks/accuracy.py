@@ -7,7 +7,7 @@ observed limit, not something it predicts); step time also uses the compute rate
 Where a setting has three or more sequence lengths, also fit on all but one and predict the one
 left out. The analytic prior is scored too (benchmarks/prior_accuracy.py, under "prior"): leave
 one model, one setting or one sequence length out. The predicted largest safe batch comes
-from `models.safe_batch`, the rule the planner uses.
+from `ftplan.models.safe_batch`, the rule the planner uses.
 
     python benchmarks/accuracy.py [--json] [--data PATH ...] [--external DIR]
 
@@ -31,13 +31,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from benchmarks.external import DEFAULT_DIR, load_external  # noqa: E402
 from benchmarks.prior_accuracy import benchmark as prior_benchmark  # noqa: E402
 from benchmarks.prior_accuracy import print_result as print_prior  # noqa: E402
-from calibration.records import read_records  # noqa: E402
-from models.errors import FtplanError  # noqa: E402
-from models.fit import compute_rate_for, fit_setting, group_records, setting_without_seq_len  # noqa: E402
-from models.prior import ladder_slopes  # noqa: E402
-from models.safe_batch import MemoryBudget, fit_largest_safe_batch  # noqa: E402
-from models.paths import calibrations_dir  # noqa: E402
-from models.wall import reserved_capped, wall_batches  # noqa: E402
+from ftplan.core.errors import FtplanError  # noqa: E402
+from ftplan.core.paths import calibrations_dir  # noqa: E402
+from ftplan.core.records import read_records  # noqa: E402
+from ftplan.models.fit import (  # noqa: E402
+    compute_rate_for,
+    fit_setting,
+    group_records,
+    setting_without_seq_len,
+)
+from ftplan.models.prior import ladder_slopes  # noqa: E402
+from ftplan.models.safe_batch import MemoryBudget, fit_largest_safe_batch  # noqa: E402
+from ftplan.models.wall import reserved_capped, wall_batches  # noqa: E402
 
 MIN_OK_POINTS = 5
 TRAIN_POINTS = 3
@@ -124,7 +129,7 @@ def _errors(fit, test: list[dict], kind: str, seq: int) -> dict:
 def _max_batch(fit, group: list[dict], ok: list[dict], walls: set[int], seq: int, rate) -> dict:
     """Predicted largest safe batch against the largest batch that ran healthily before OOM or wall,
     what a safe but smaller prediction costs in throughput, and the allocator's overhead at the
-    measured largest batch per byte of fp32 logits (the evidence for models.fit.LOGIT_BLOCKS_HIGHEST)."""
+    measured largest batch per byte of fp32 logits (the evidence for ftplan.models.fit.LOGIT_BLOCKS_HIGHEST)."""
     ooms = [r["micro_batch"] for r in group if r["status"] == "oom" and r["seq_len"] == seq]
     limit = min(ooms + sorted(walls), default=None)
     capacity = max((r.get("gpu_memory_total_bytes") or 0) for r in ok)

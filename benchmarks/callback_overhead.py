@@ -28,9 +28,9 @@ from transformers import Trainer, TrainerCallback
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
 
-from calibration import callback as ftplan_callback  # noqa: E402
-from calibration.settings import Setting  # noqa: E402
-from calibration.trial import RandomTokens, build_model, training_arguments  # noqa: E402
+from ftplan.calibration import callback as ftplan_callback  # noqa: E402
+from ftplan.calibration.trial import RandomTokens, build_model, training_arguments  # noqa: E402
+from ftplan.core.settings import Setting  # noqa: E402
 
 
 class StepClock(TrainerCallback):

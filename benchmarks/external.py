@@ -11,9 +11,9 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from calibration.records import build_record, summarise_per_gpu
-from calibration.settings import Setting
-from models.hardware import find_gpu
+from ftplan.core.hardware import find_gpu
+from ftplan.core.records import build_record, summarise_per_gpu
+from ftplan.core.settings import Setting
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "external" / "seed000"
 MIB = 1024**2

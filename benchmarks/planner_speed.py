@@ -27,12 +27,12 @@ def import_seconds(module: str) -> tuple[float, bool]:
 
 def planner_seconds(model: str, gpu: str, calibrations: list[Path], dataset_size: int) -> dict[str, float]:
     """Seconds of each stage of the planner's own work, in this (already imported) interpreter."""
-    from calibration.settings import Setting
-    from models.hardware import find_gpu, load_catalog
-    from models.scaling import parse_gpu_counts
-    from planner.gpu_counts import plan_gpu_counts
-    from planner.inputs import load_evidence
-    from planner.search import PlanRequest, make_plan
+    from ftplan.core.hardware import find_gpu, load_catalog
+    from ftplan.core.settings import Setting
+    from ftplan.planner.gpu_counts import plan_gpu_counts
+    from ftplan.planner.inputs import load_evidence
+    from ftplan.planner.scaling import parse_gpu_counts
+    from ftplan.planner.search import PlanRequest, make_plan
 
     timings = {}
     for cache in ("cold", "cached"):
@@ -57,7 +57,7 @@ def planner_seconds(model: str, gpu: str, calibrations: list[Path], dataset_size
 
 def command_seconds(args: list[str], env: dict) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "planner", *args], check=True, capture_output=True, env=env)
+    subprocess.run([sys.executable, "-m", "ftplan", *args], check=True, capture_output=True, env=env)
     return time.perf_counter() - start
 
 
@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--dataset-size", type=int, default=19692)
     parser.add_argument("--calibrations", type=Path, action="append", default=[])
     args = parser.parse_args()
-    for module in ("planner.cli", "planner.commands.plan"):
+    for module in ("ftplan.planner.cli", "ftplan.planner.commands.plan"):
         seconds, torch_imported = import_seconds(module)
         print(f"import {module}: {seconds:.2f} s, torch imported: {torch_imported}")
     with tempfile.TemporaryDirectory() as cache:

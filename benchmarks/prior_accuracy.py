@@ -23,13 +23,13 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.external import load_external
-from calibration.records import read_records
-from calibration.settings import Setting
-from models.errors import FtplanError
-from models.hardware import find_gpu, load_catalog
-from models.paths import calibrations_dir
-from models.predictor import Predictor
-from models.prior import fit_constants
+from ftplan.core.errors import FtplanError
+from ftplan.core.hardware import find_gpu, load_catalog
+from ftplan.core.paths import calibrations_dir
+from ftplan.core.records import read_records
+from ftplan.core.settings import Setting
+from ftplan.models.predictor import Predictor
+from ftplan.models.prior import fit_constants
 
 QUANTITIES = (("memory", "peak_allocated_bytes"), ("reserved", "peak_reserved_bytes"), ("time", "seconds_per_step"))
 

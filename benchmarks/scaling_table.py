@@ -15,14 +15,19 @@ import dataclasses
 import warnings
 from pathlib import Path
 
-from calibration.records import RecordWarning, read_records
-from calibration.settings import Setting
-from models.architecture import load_architecture
-from models.communication import estimate_overlap, links_from_catalog, step_time_cv, step_traffic
-from models.hardware import find_gpu
-from models.paths import calibrations_dir
-from models.prior import prior_estimate
-from models.scaling import plot_scaling, scaling_table
+from ftplan.core.architecture import load_architecture
+from ftplan.core.hardware import find_gpu
+from ftplan.core.paths import calibrations_dir
+from ftplan.core.records import RecordWarning, read_records
+from ftplan.core.settings import Setting
+from ftplan.models.communication import (
+    estimate_overlap,
+    links_from_catalog,
+    step_time_cv,
+    step_traffic,
+)
+from ftplan.models.prior import prior_estimate
+from ftplan.planner.scaling import plot_scaling, scaling_table
 
 MODEL = "llama-2-7b"
 GPU = "H200"

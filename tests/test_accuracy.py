@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.accuracy import evaluate  # noqa: E402
-from benchmarks.external import DEFAULT_DIR, load_external  # noqa: E402
-from benchmarks.prior_accuracy import benchmark as prior_benchmark  # noqa: E402
-from calibration.records import read_records  # noqa: E402
-from models.paths import calibrations_dir  # noqa: E402
+from benchmarks.accuracy import evaluate
+from benchmarks.external import DEFAULT_DIR, load_external
+from benchmarks.prior_accuracy import benchmark as prior_benchmark
+from ftplan.core.paths import calibrations_dir
+from ftplan.core.records import read_records
 
 SHIPPED = calibrations_dir()
 

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from plan_fakes import run_ftplan
+from tests.helpers import run_ftplan
 
 PLAN = ["plan", "--model", "llama-3-8b", "--dataset-size", 1000, "--gpu", "H200"]
 ETA = ["eta", "--model", "llama-3-8b", "--batch-size", 1, "--dataset-size", 1000, "--gpu", "H200"]
@@ -79,7 +79,7 @@ def test_missing_gpu_specs_file_is_refused(capsys, monkeypatch):
 
 
 def test_report_without_records_to_plot_is_refused(tmp_path, capsys, monkeypatch):
-    from plan_fakes import write_external_jsonl
+    from tests.helpers import write_external_jsonl
     external = write_external_jsonl(tmp_path / "external.jsonl")
     code, _, err = run_ftplan(["report", "--model", "llama-2-7b", "--calibrations", external, "--out", tmp_path],
                               capsys, monkeypatch)

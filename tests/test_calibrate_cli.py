@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from plan_fakes import planned_batch_fits
 
-from calibration import launcher
-from calibration.records import RecordWarning, read_records
-from models.architecture import load_architecture
-from models.errors import FtplanError
-from models.fitset import FitSet
-from planner.cli import cli
+from ftplan.calibration import launcher
+from ftplan.core.architecture import load_architecture
+from ftplan.core.errors import FtplanError
+from ftplan.core.records import RecordWarning, read_records
+from ftplan.models.fitset import FitSet
+from ftplan.planner.cli import cli
+from tests.helpers import planned_batch_fits
 
 FAKE_TRIAL = (sys.executable, str(Path(__file__).parent / "fixtures" / "fake_trial.py"))
 

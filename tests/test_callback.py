@@ -14,14 +14,18 @@ from types import SimpleNamespace
 import pytest
 
 pytest.importorskip("transformers")
-import torch  # noqa: E402
-from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+import torch
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from calibration.callback import SOURCE, FtplanCallback  # noqa: E402
-from calibration.trainer_setting import deepspeed_zero, liger_applied, run_architecture  # noqa: E402
-from calibration.records import read_records  # noqa: E402
-from calibration.trial import RandomTokens  # noqa: E402
-from models.architecture import load_architecture  # noqa: E402
+from ftplan.calibration.callback import SOURCE, FtplanCallback
+from ftplan.calibration.trainer_setting import (
+    deepspeed_zero,
+    liger_applied,
+    run_architecture,
+)
+from ftplan.calibration.trial import RandomTokens
+from ftplan.core.architecture import load_architecture
+from ftplan.core.records import read_records
 
 REPO = Path(__file__).resolve().parent.parent
 SEQ_LEN = 32
@@ -132,7 +136,7 @@ INTERRUPTED_RUN = textwrap.dedent("""
     import torch
     torch.set_num_threads(1)
     from test_callback import RaiseAtStep, train
-    from calibration.callback import FtplanCallback
+    from ftplan.calibration.callback import FtplanCallback
 
     class Terminate(RaiseAtStep):
         def on_step_end(self, args, state, control, **kwargs):
@@ -192,9 +196,9 @@ def test_a_failing_callback_never_breaks_training(tmp_path, capsys):
 
 
 def test_a_run_predicted_not_to_fit_is_warned_about_loudly():
-    from calibration.callback import _prediction_text
-    from calibration.settings import Setting
-    from models.prediction import Estimate, Prediction
+    from ftplan.calibration.callback import _prediction_text
+    from ftplan.core.settings import Setting
+    from ftplan.models.prediction import Estimate, Prediction
 
     setting = Setting("llama-3-8b", seq_len=4096)
     run = SimpleNamespace(micro_batch=8, grad_accum=2, remaining_steps=1000, setting=lambda: setting)

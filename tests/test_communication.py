@@ -6,9 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calibration.settings import Setting
-from models.architecture import load_architecture
-from models.communication import (
+from ftplan.core.architecture import load_architecture
+from ftplan.core.errors import FtplanError
+from ftplan.core.settings import Setting
+from ftplan.models.communication import (
     DEFAULT_OVERLAP,
     Links,
     allreduce_seconds,
@@ -23,7 +24,6 @@ from models.communication import (
     step_time_cv,
     step_traffic,
 )
-from models.errors import FtplanError
 
 LLAMA_7B = load_architecture("llama-2-7b")
 FULL = Setting("llama-2-7b")

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from calibration.settings import Setting
-from models.errors import FtplanError
-from models.hardware import GpuSpec
-from planner.emit import DS_CONFIG, README, TRAINING_ARGS, write_configs
-from models.safe_batch import MemoryBudget
-from planner.search import PlanRequest, plan_setup
-from plan_fakes import FakePredictor, run_ftplan, write_external_jsonl
+from ftplan.core.errors import FtplanError
+from ftplan.core.hardware import GpuSpec
+from ftplan.core.settings import Setting
+from ftplan.models.safe_batch import MemoryBudget
+from ftplan.planner.emit import DS_CONFIG, README, TRAINING_ARGS, write_configs
+from ftplan.planner.search import PlanRequest, plan_setup
+from tests.helpers import FakePredictor, run_ftplan, write_external_jsonl
 
 GPU = GpuSpec("TEST-80", 80, 100, 1000)
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from models.errors import FtplanError
-from planner.eta import estimate_eta, format_duration, steps_to_finish
+from ftplan.core.errors import FtplanError
+from ftplan.planner.eta import estimate_eta, format_duration, steps_to_finish
 
 
 def test_steps_round_up_so_the_last_partial_batch_is_counted():
@@ -35,7 +35,7 @@ def test_non_positive_inputs_are_refused(args):
 def test_eta_command_reports_steps_time_cost_and_the_memory_verdict(tmp_path, capsys, monkeypatch):
     import json
 
-    from plan_fakes import run_ftplan, write_external_jsonl
+    from tests.helpers import run_ftplan, write_external_jsonl
 
     external = write_external_jsonl(tmp_path / "external.jsonl")
     base = ["eta", "--model", "qwen1.5-0.5b", "--precision", "fp16", "--zero-stage", "3", "--dataset-size", 19692,

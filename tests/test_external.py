@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 
-from calibration.records import RecordWarning, append_record, read_records
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.external import DEFAULT_DIR, load_external  # noqa: E402
+from benchmarks.external import DEFAULT_DIR, load_external
+from ftplan.core.records import RecordWarning, append_record, read_records
 
 pytestmark = pytest.mark.skipif(not DEFAULT_DIR.is_dir(), reason="public measurements not present")
 MIB = 1024**2

@@ -2,36 +2,19 @@
 
 from __future__ import annotations
 
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calibration.records import build_record
-from calibration.settings import Setting
-from models.fit import compute_rate_for, fit_setting, largest_safe_batch
-from models.fitset import FitSet, fit_records
-from models.prior import ladder_slopes
+from benchmarks.external import DEFAULT_DIR, load_external
+from ftplan.models.fit import compute_rate_for, fit_setting, largest_safe_batch
+from ftplan.models.fitset import FitSet, fit_records
+from ftplan.models.prior import ladder_slopes
+from tests.helpers import GIB, SETTING, synthetic_records
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.external import DEFAULT_DIR, load_external  # noqa: E402
-
-GIB = 1024**3
-SETTING = Setting(model="qwen2.5-0.5b", seq_len=2048, gradient_checkpointing=True)
 needs_external = pytest.mark.skipif(not DEFAULT_DIR.is_dir(), reason="public measurements not present")
-
-
-def synthetic_records(batches, seq_lens=(2048,), memory=None, seconds=None, setting=SETTING, **extra) -> list[dict]:
-    """Records of a convex, piecewise-linear memory curve (two phases) and linear step time."""
-    memory = memory or (lambda b, s: max(10 * GIB + 0.6 * GIB * b * s / 2048, 9 * GIB + 1.5 * GIB * b * s / 2048))
-    seconds = seconds or (lambda b, s: 0.2 + 0.1 * b * s / 2048)
-    return [build_record(setting.with_(seq_len=s), b, "ok", gpu_name="H200", gpu_memory_total_bytes=141 * GIB,
-                         peak_allocated_bytes=memory(b, s), peak_reserved_bytes=memory(b, s) + GIB,
-                         seconds_per_step=seconds(b, s), num_alloc_retries=0, **extra)
-            for s in seq_lens for b in batches]
 
 
 def external_fit(alloc_conf: str):

@@ -6,11 +6,11 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from test_fit import synthetic_records
 
-from calibration.records import append_record
-from models.fitset import FitSet
-from planner.cli import cli, main
+from ftplan.core.records import append_record
+from ftplan.models.fitset import FitSet
+from ftplan.planner.cli import cli, main
+from tests.helpers import synthetic_records
 
 
 @pytest.fixture()

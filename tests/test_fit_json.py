@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_fit import synthetic_records
 
-from models.errors import FtplanError
-from models.fitset import FitSet, fit_records
+from ftplan.core.errors import FtplanError
+from ftplan.models.fitset import FitSet, fit_records
+from tests.helpers import synthetic_records
 
 
 @pytest.fixture(scope="module")

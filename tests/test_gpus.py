@@ -1,6 +1,6 @@
 """`ftplan gpus`: the catalog, and user specs that replace or add cards."""
 
-from plan_fakes import run_ftplan
+from tests.helpers import run_ftplan
 
 REQUIRED = ("RTX-3090", "RTX-4090", "A10G", "L4", "L40S", "A100-40GB", "A100-80GB", "H100", "H200")
 

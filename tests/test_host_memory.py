@@ -8,12 +8,16 @@ import json
 
 import pytest
 
-from calibration.settings import Setting
-from models.architecture import load_architecture
-from models.errors import FtplanError
-from models.hardware import GIB
-from models.host_memory import host_bytes_per_node, offload_bytes_per_param, usable_host_bytes
-from models.paths import calibrations_dir
+from ftplan.core.architecture import load_architecture
+from ftplan.core.errors import FtplanError
+from ftplan.core.paths import calibrations_dir
+from ftplan.core.settings import Setting
+from ftplan.core.units import GIB
+from ftplan.models.host_memory import (
+    host_bytes_per_node,
+    offload_bytes_per_param,
+    usable_host_bytes,
+)
 
 CALIBRATION_HOST_GIB = 125  # data/calibrations/README.md
 

@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from calibration.ladder import largest_fitting, next_step, remaining_estimate
+from ftplan.calibration.ladder import largest_fitting, next_step, remaining_estimate
 
 
 def walk(fits_up_to: int, max_batch: int, known: dict | None = None, batch_sizes=None) -> tuple[list[int], dict]:

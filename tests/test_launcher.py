@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from calibration import launcher
-from calibration.launcher import TrialSpec, run_trial
-from calibration.settings import Setting
-from models.errors import FtplanError
+from ftplan.calibration import launcher
+from ftplan.calibration.launcher import TrialSpec, run_trial
+from ftplan.core.errors import FtplanError
+from ftplan.core.settings import Setting
 
 FAKE_TRIAL = (sys.executable, str(Path(__file__).parent / "fixtures" / "fake_trial.py"))
 

@@ -9,10 +9,17 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from calibration.network import GB, NetworkSpec, _run_local_ranks, fit_alpha_beta, parse_sizes, resolve_backend
-from calibration.records import RecordWarning, append_record, iter_records, read_records
-from models.errors import FtplanError
-from planner.cli import cli, main
+from ftplan.calibration.network import (
+    GB,
+    NetworkSpec,
+    _run_local_ranks,
+    fit_alpha_beta,
+    parse_sizes,
+    resolve_backend,
+)
+from ftplan.core.errors import FtplanError
+from ftplan.core.records import RecordWarning, append_record, iter_records, read_records
+from ftplan.planner.cli import cli, main
 
 
 def test_calibrate_network_measures_real_gloo_allreduces_into_a_network_record(tmp_path):

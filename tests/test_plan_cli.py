@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from plan_fakes import planned_batch_fits, run_ftplan, write_external_jsonl
+from tests.helpers import planned_batch_fits, run_ftplan, write_external_jsonl
 
 QWEN_ON_3090 = ["plan", "--model", "qwen1.5-0.5b", "--dataset-size", 19692, "--gpu", "RTX-3090"]
 
@@ -72,12 +72,12 @@ def test_a_recommendation_from_the_prior_alone_is_warned(external, capsys, monke
 
 
 def test_the_whole_setup_search_takes_well_under_a_few_seconds(external):
-    from calibration.records import read_records
-    from calibration.settings import Setting
-    from models.hardware import find_gpu
-    from models.predictor import Predictor
-    from models.safe_batch import MemoryBudget
-    from planner.search import PlanRequest, make_plan
+    from ftplan.core.hardware import find_gpu
+    from ftplan.core.records import read_records
+    from ftplan.core.settings import Setting
+    from ftplan.models.predictor import Predictor
+    from ftplan.models.safe_batch import MemoryBudget
+    from ftplan.planner.search import PlanRequest, make_plan
 
     predictor, gpu = Predictor.from_records(read_records([external])), find_gpu("RTX-3090")
     request = PlanRequest(base=Setting(model="qwen1.5-0.5b"), dataset_size=19692, epochs=1, gpu=gpu,
@@ -88,5 +88,5 @@ def test_the_whole_setup_search_takes_well_under_a_few_seconds(external):
 
 
 def test_plan_module_import_does_not_import_torch():
-    probe = "import sys, planner.cli, planner.search, planner.plots, planner.emit; print('torch' in sys.modules)"
+    probe = "import sys, ftplan.planner.cli, ftplan.planner.search, ftplan.planner.plots, ftplan.planner.emit; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "False"

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from plan_fakes import run_ftplan
+from tests.helpers import run_ftplan
 
 PLAN = ["plan", "--model", "llama-3-8b", "--dataset-size", 19692, "--gpu", "H200"]
 
@@ -20,12 +20,13 @@ def _json(args, capsys, monkeypatch) -> dict:
 
 @pytest.fixture(scope="module")
 def range_plan():
-    from _pytest.monkeypatch import MonkeyPatch
     import contextlib
     import io
 
-    from plan_fakes import TEST_CACHE
-    from planner.cli import main
+    from _pytest.monkeypatch import MonkeyPatch
+
+    from ftplan.planner.cli import main
+    from tests.helpers import TEST_CACHE
 
     with MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as out:
         patch.setenv("FTPLAN_CACHE_DIR", str(TEST_CACHE))
@@ -64,15 +65,15 @@ def test_lora_traffic_keeps_scaling_across_a_slow_network_where_full_fine_tuning
 
 
 def test_more_bandwidth_between_nodes_is_never_slower():
-    from calibration.records import read_records
-    from calibration.settings import Setting
-    from models.communication import links_from_catalog
-    from models.hardware import find_gpu
-    from models.paths import calibrations_dir
-    from models.predictor import Predictor
-    from models.safe_batch import MemoryBudget
-    from planner.gpu_counts import plan_at
-    from planner.search import PlanRequest
+    from ftplan.core.hardware import find_gpu
+    from ftplan.core.paths import calibrations_dir
+    from ftplan.core.records import read_records
+    from ftplan.core.settings import Setting
+    from ftplan.models.communication import links_from_catalog
+    from ftplan.models.predictor import Predictor
+    from ftplan.models.safe_batch import MemoryBudget
+    from ftplan.planner.gpu_counts import plan_at
+    from ftplan.planner.search import PlanRequest
 
     records, gpu = read_records([calibrations_dir()]), find_gpu("H200")
     request = PlanRequest(base=Setting("llama-3-8b"), dataset_size=19692, epochs=1, gpu=gpu,
@@ -96,7 +97,7 @@ def test_inter_node_bandwidth_accepts_rates_and_link_names(value, gbs, latency_u
 
 
 def test_user_calibrations_folder_is_read_by_default_and_training_runs_are_counted(tmp_path, capsys, monkeypatch):
-    from models.paths import calibrations_dir
+    from ftplan.core.paths import calibrations_dir
 
     shipped = (calibrations_dir() / "h200.jsonl").read_text().splitlines()
     ours = json.loads(shipped[16])  # an ok llama-3-8b LoRA trial
@@ -165,18 +166,17 @@ def test_eta_says_whether_the_offload_fits_in_host_ram(capsys, monkeypatch):
     assert "needs 135.6 GiB of host RAM per node" in out and "--host-memory-gib checks it" in out
 
 
-def test_fit_cache_returns_the_same_fits_and_refits_when_a_file_changes(tmp_path, monkeypatch):
-    from calibration.records import read_records
-    from models.paths import calibrations_dir
-    from planner.fit_cache import cache_key, cached_fits
+def test_fit_cache_returns_the_same_fits_and_refits_when_the_records_change(tmp_path, monkeypatch):
+    from ftplan.core.paths import calibrations_dir
+    from ftplan.core.records import read_records
+    from ftplan.planner.fit_cache import cache_key, cached_fits
 
     monkeypatch.setenv("FTPLAN_CACHE_DIR", str(tmp_path / "cache"))
-    data = tmp_path / "h200.jsonl"
-    shutil.copy(calibrations_dir() / "h200.jsonl", data)
-    records = read_records([data])
-    fitted = cached_fits(records, [data])
+    records = read_records([calibrations_dir()])
+    fitted = cached_fits(records)
     assert len(list((tmp_path / "cache").glob("fits-*.json"))) == 1
-    assert [f.to_json() for f in cached_fits(records, [data]).fits] == [f.to_json() for f in fitted.fits]
-    key = cache_key([data])
-    data.write_text(data.read_text() + "\n")
-    assert cache_key([data]) != key
+    assert [f.to_json() for f in cached_fits(records).fits] == [f.to_json() for f in fitted.fits]
+    edited = [dict(r) for r in records]
+    edited[0]["peak_allocated_bytes"] += 1  # same size and mtime on disk would still differ in content
+    assert cache_key(edited) != cache_key(records)
+    assert cache_key(records, {"X": 1}) != cache_key(records)  # another GPU catalog refits the prior

@@ -8,13 +8,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calibration.settings import Setting
-from models.errors import FtplanError
-from models.hardware import GIB, GpuSpec
-from models.prediction import Estimate, Prediction
-from models.safe_batch import MemoryBudget
-from planner.search import PlanRequest, enumerate_settings, make_plan, safe_prediction
-from plan_fakes import FakePredictor
+from ftplan.core.errors import FtplanError
+from ftplan.core.hardware import GpuSpec
+from ftplan.core.settings import Setting
+from ftplan.core.units import GIB
+from ftplan.models.prediction import Estimate, Prediction
+from ftplan.models.safe_batch import MemoryBudget
+from ftplan.planner.search import (
+    PlanRequest,
+    enumerate_settings,
+    make_plan,
+    safe_prediction,
+)
+from tests.helpers import FakePredictor
 
 GPU = GpuSpec("TEST-80", 80, 100, 1000)
 BASE = Setting(model="llama-3-8b")

@@ -6,14 +6,18 @@ import time
 
 import pytest
 
-from calibration.records import build_record
-from calibration.settings import Setting
-from models.architecture import load_architecture
-from models.errors import FtplanError
-from models.hardware import find_gpu
-from models.prediction import SOURCE_CALIBRATED, SOURCE_EXTRAPOLATED, SOURCE_PRIOR
-from models.predictor import Predictor
-from models.prior import PriorConstants, prior_estimate
+from ftplan.core.architecture import load_architecture
+from ftplan.core.errors import FtplanError
+from ftplan.core.hardware import find_gpu
+from ftplan.core.records import build_record
+from ftplan.core.settings import Setting
+from ftplan.models.prediction import (
+    SOURCE_CALIBRATED,
+    SOURCE_EXTRAPOLATED,
+    SOURCE_PRIOR,
+)
+from ftplan.models.predictor import Predictor
+from ftplan.models.prior import PriorConstants, prior_estimate
 
 H200, A100 = find_gpu("H200"), find_gpu("A100-80GB")
 CALIBRATED = Setting("llama-3.2-1b", zero_stage=2)

@@ -6,13 +6,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calibration.records import build_record
-from calibration.settings import Setting
-from models.architecture import load_architecture
-from models.bytes_per_param import frozen_param_bytes, trainable_param_bytes
-from models.hardware import find_gpu
-from models.prior import (ComputeRate, LadderSlope, PriorConstants, fit_compute_rate, fit_constants, memory_terms,
-                          prior_estimate, setting_terms)
+from ftplan.core.architecture import load_architecture
+from ftplan.core.hardware import find_gpu
+from ftplan.core.records import build_record
+from ftplan.core.settings import Setting
+from ftplan.models.bytes_per_param import frozen_param_bytes, trainable_param_bytes
+from ftplan.models.prior import (
+    ComputeRate,
+    LadderSlope,
+    PriorConstants,
+    fit_compute_rate,
+    fit_constants,
+    memory_terms,
+    prior_estimate,
+    setting_terms,
+)
 
 LLAMA_1B = load_architecture("llama-3.2-1b")
 H200 = find_gpu("H200")

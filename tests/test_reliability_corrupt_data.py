@@ -8,12 +8,12 @@ import warnings
 from pathlib import Path
 
 import pytest
-from plan_fakes import run_ftplan
 
-from calibration.records import RecordWarning, read_records
-from models.errors import FtplanError
-from models.fitset import FitSet
-from models.paths import calibrations_dir
+from ftplan.core.errors import FtplanError
+from ftplan.core.paths import calibrations_dir
+from ftplan.core.records import RecordWarning, read_records
+from ftplan.models.fitset import FitSet
+from tests.helpers import run_ftplan
 
 SHIPPED = calibrations_dir() / "h200.jsonl"
 GOOD_LINES = SHIPPED.read_text().splitlines()

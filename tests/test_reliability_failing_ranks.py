@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-from plan_fakes import run_ftplan
 
-from calibration import launcher
-from calibration.records import read_records
+from ftplan.calibration import launcher
+from ftplan.core.records import read_records
+from tests.helpers import run_ftplan
 
 pytest.importorskip("torch.distributed")
 RANK_SCRIPT = (sys.executable, str(Path(__file__).parent / "fixtures" / "reliability" / "gloo_rank.py"))

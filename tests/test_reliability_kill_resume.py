@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from calibration.records import RecordWarning, read_records
-from calibration.runner import known_outcomes
+from ftplan.calibration.runner import known_outcomes
+from ftplan.core.records import RecordWarning, read_records
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FTPLAN = (sys.executable, str(FIXTURES / "ftplan_with_fake_trial.py"))

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("calibration", "models", "planner", "benchmarks", "tests")
-DATA = ROOT / "data"
+PACKAGES = ("ftplan", "benchmarks", "tests")
+DATA = ROOT / "ftplan" / "data"
 # Modules whose loaders build objects (or run code) from bytes.
 UNSAFE_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "joblib", "marshal", "shelve", "jsonpickle"}
 UNSAFE_BUILTINS = {"eval", "exec", "compile", "__import__"}

@@ -13,13 +13,13 @@ import warnings
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_fit import GIB, synthetic_records
 
-from calibration.settings import Setting
-from models.hardware import find_gpu, load_catalog
-from models.predictor import Predictor
-from planner.eta import estimate_eta
-from planner.search import MemoryBudget, PlanRequest, make_plan
+from ftplan.core.hardware import find_gpu, load_catalog
+from ftplan.core.settings import Setting
+from ftplan.models.predictor import Predictor
+from ftplan.planner.eta import estimate_eta
+from ftplan.planner.search import MemoryBudget, PlanRequest, make_plan
+from tests.helpers import GIB, synthetic_records
 
 H200 = find_gpu("H200", load_catalog())
 MODEL = "qwen2.5-0.5b"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from plan_fakes import run_ftplan, write_external_jsonl
-from planner.plots import COMPLETION_PNG, MEMORY_PNG, SCALING_PNG, TIME_PNG
+from ftplan.planner.plots import COMPLETION_PNG, MEMORY_PNG, SCALING_PNG, TIME_PNG
+from tests.helpers import run_ftplan, write_external_jsonl
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -22,11 +22,11 @@ def test_report_writes_the_charts_including_scaling_against_gpu_count(tmp_path, 
 
 
 def test_curves_show_the_planners_largest_safe_batch_under_the_cards_limit(tmp_path):
-    from calibration.records import read_records
-    from models.hardware import find_gpu
-    from models.predictor import Predictor
-    from planner.plots import collect_curves
-    from models.safe_batch import MemoryBudget
+    from ftplan.core.hardware import find_gpu
+    from ftplan.core.records import read_records
+    from ftplan.models.predictor import Predictor
+    from ftplan.models.safe_batch import MemoryBudget
+    from ftplan.planner.plots import collect_curves
 
     records = read_records([write_external_jsonl(tmp_path / "external.jsonl")])
     gpu = find_gpu("RTX-3090")

@@ -6,14 +6,19 @@ import warnings
 
 import pytest
 
-from calibration.records import read_records
-from models.fit import largest_safe_batch as fit_rule
-from models.fitset import fit_records
-from models.hardware import find_gpu
-from models.paths import calibrations_dir
-from models.predictor import Predictor
-from models.safe_batch import MemoryBudget, fit_largest_safe_batch, largest_safe_batch, proven_batch
-from planner.search import safe_prediction
+from ftplan.core.hardware import find_gpu
+from ftplan.core.paths import calibrations_dir
+from ftplan.core.records import read_records
+from ftplan.models.fit import largest_safe_batch as fit_rule
+from ftplan.models.fitset import fit_records
+from ftplan.models.predictor import Predictor
+from ftplan.models.safe_batch import (
+    MemoryBudget,
+    fit_largest_safe_batch,
+    largest_safe_batch,
+    proven_batch,
+)
+from ftplan.planner.search import safe_prediction
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +38,7 @@ def test_planner_search_over_the_predictor_lands_on_the_fits_own_safe_batch(h200
             found = safe_prediction(lambda b: predictor.predict(setting, b, gpu), budget)
             expected = fit_largest_safe_batch(fit, seq, budget)
             assert (found.micro_batch if found else 0) == expected, fit.label
-            assert expected == fit_rule(fit, seq, fit.capacity_bytes), fit.label  # until models.fit delegates here
+            assert expected == fit_rule(fit, seq, fit.capacity_bytes), fit.label  # until ftplan.models.fit delegates here
 
 
 def test_a_batch_seen_out_of_memory_bounds_the_safe_batch_even_when_the_fit_says_it_fits(h200_records):

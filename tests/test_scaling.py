@@ -4,9 +4,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.communication import Links, links_from_catalog
-from models.errors import FtplanError
-from models.scaling import choose_gpu_count, node_layout, parse_gpu_counts, plot_scaling, scaling_table, with_eta
+from ftplan.core.errors import FtplanError
+from ftplan.models.communication import Links, links_from_catalog
+from ftplan.planner.scaling import (
+    choose_gpu_count,
+    node_layout,
+    parse_gpu_counts,
+    plot_scaling,
+    scaling_table,
+    with_eta,
+)
 
 CLOUD = links_from_catalog("nvlink4", "cloud")
 FULL_7B_BYTES = 6_738_415_616 * 2

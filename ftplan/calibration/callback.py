@@ -1,0 +1,381 @@
+"""FtplanCallback: every real Hugging Face Trainer run becomes a calibration record and a check of the plan.
+
+Why a callback: users already train with Trainer, so one added line gives ftplan a measurement of
+exactly the setup they care about, and gives them ftplan's prediction before a long run and its
+error after it. It measures as a calibration trial does (ftplan.calibration.measure; peaks reset after
+warm-up; each optimizer step timed between CUDA synchronisations) and writes the same record
+contract with source="trainer_callback".
+
+Nothing here may break the user's training: a failure inside the callback is reported in one line
+and the callback turns itself off. The record is written once: at on_train_end, or, when training
+is interrupted, from a SIGTERM handler or at interpreter exit (an uncaught out-of-memory error
+becomes status "oom").
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime as dt
+import os
+import shlex
+import signal
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from ftplan.calibration import measure
+from ftplan.calibration.launcher import RankOutcome, TrialOutcome
+from ftplan.calibration.runner import measurements
+from ftplan.calibration.trainer_setting import run_architecture, setting_fields
+from ftplan.core.errors import FtplanError
+from ftplan.core.hardware import find_gpu
+from ftplan.core.paths import calibrations_dir
+from ftplan.core.records import append_record, build_record, read_records
+from ftplan.core.settings import Setting
+from ftplan.core.units import GIB
+from ftplan.models.fit import fit_groups
+from ftplan.models.fitset import FitSet
+from ftplan.models.prediction import SOURCE_CALIBRATED, SOURCE_EXTRAPOLATED, Prediction
+from ftplan.models.predictor import Predictor
+
+SOURCE = "trainer_callback"
+
+
+def default_out() -> Path:
+    """Where `ftplan calibrate` writes by default, so both kinds of record land in one file."""
+    return Path("calibrations") / f"{measure.machine_id()}.jsonl"
+
+
+class FtplanCallback(TrainerCallback):
+    """Add to a Trainer to get ftplan's prediction at the start, a comparison at the end, and a calibration record.
+
+    out: JSONL file the record is appended to. warmup_steps: optimizer steps left out of timing and
+    of the memory peak (as in `ftplan calibrate`). predict: print the prediction and comparison.
+    gpu: card to predict for (default: the one training runs on). seq_len: tokens per sample, only
+    needed when the model's forward is never called with input_ids.
+    """
+
+    def __init__(self, out: str | Path | None = None, warmup_steps: int = 2, predict: bool = True,
+                 gpu: str | None = None, seq_len: int | None = None) -> None:
+        self.out = Path(out if out is not None else default_out()).resolve()
+        self.warmup_steps = warmup_steps
+        self.predict = predict
+        self.gpu = gpu
+        self.seq_len = seq_len
+        self.step_seconds: list[float] = []
+        self.record: dict | None = None
+        self._run: _Run | None = None
+        self._steps_done = 0  # in this call of train(): global_step starts high when resuming from a checkpoint
+        self._step_started: float | None = None
+        self._finished = False
+        self._previous_sigterm = None
+
+    # Trainer events ------------------------------------------------------------------------------
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._guard(self._begin, args, state, model)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self._run is None or self._steps_done < self.warmup_steps:
+            return
+        if self._steps_done == self.warmup_steps:
+            measure.reset_peak_memory(self._run.device)  # as in a trial: the peak of the measured steps
+        self._run.sync()
+        self._step_started = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._steps_done += 1
+        if self._step_started is None or self._run is None:
+            return
+        self._run.sync()
+        self.step_seconds.append(time.perf_counter() - self._step_started)
+        self._step_started = None
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._guard(self._finish, None)
+
+    # Start ---------------------------------------------------------------------------------------
+
+    def _begin(self, args, state, model) -> None:
+        self._finished, self.record, self.step_seconds, self._steps_done = False, None, [], 0
+        self._run = _Run(args, state, model, self.seq_len, config_dir=self.out.parent)
+        self._run.on_first_forward = lambda: self._guard(self._announce)  # runs inside forward: must never raise
+        if self.seq_len is not None:
+            self._announce()
+        atexit.register(self._at_exit)
+        if threading.current_thread() is threading.main_thread():
+            self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._previous_excepthook, sys.excepthook = sys.excepthook, self._excepthook
+
+    def _release(self) -> None:
+        """Undo what _begin installed, so a finished run leaves the process as it found it."""
+        atexit.unregister(self._at_exit)
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._previous_excepthook
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+            signal.signal(signal.SIGTERM, self._previous_sigterm or signal.SIG_DFL)
+        if self._run is not None:
+            self._run.remove_hook()
+
+    def _announce(self) -> None:
+        """Print the prediction for this run as soon as its sequence length is known."""
+        run = self._run
+        if not (self.predict and run.is_main):
+            return
+        try:
+            run.prediction = _predict(run.setting(), run.micro_batch, self.gpu or run.gpu_name, self.out)
+        except Exception as exc:  # noqa: BLE001 - without a prediction the run is still worth recording
+            run.prediction = str(exc) if isinstance(exc, FtplanError) else f"{type(exc).__name__}: {exc}"
+        if isinstance(run.prediction, str):
+            _say(f"ftplan: no prediction for this run: {run.prediction}")
+            return
+        _say(_prediction_text(run.prediction, run, self._capacity()))
+
+    def _capacity(self) -> int:
+        return find_gpu(self.gpu).memory_bytes if self.gpu else self._run.gpu_memory
+
+    # End -----------------------------------------------------------------------------------------
+
+    def _finish(self, interruption: BaseException | str | None) -> None:
+        """Write the record once; on interruption other ranks may be gone, so only this rank's numbers are used."""
+        if self._finished or self._run is None:
+            return
+        self._finished = True
+        self._release()
+        run = self._run
+        interrupted = interruption is not None
+        results = run.gather(self._rank_result(), collective=not interrupted)
+        if not run.is_main:
+            return
+        status, message = _status(interruption, len(self.step_seconds), run)
+        if status is None:
+            _say(f"ftplan: training stopped ({message}); no step was measured, so no record was written")
+            return
+        if interrupted and run.world_size > 1:
+            message += "; only rank 0's measurements (other ranks may be gone)"
+        setting = run.setting()
+        outcome = TrialOutcome([RankOutcome(rank, status, message, r) for rank, r in enumerate(results)],
+                               time.time() - run.started)
+        self.record = build_record(
+            setting, run.micro_batch, status, message=message,
+            timestamp=dt.datetime.fromtimestamp(run.started, dt.timezone.utc).isoformat(timespec="seconds"),
+            source=SOURCE, machine_id=measure.machine_id(), device=run.device, arch_hash=run.arch.hash,
+            command=shlex.join(sys.argv), trial_seconds=round(outcome.seconds, 3),
+            gradient_accumulation_steps=run.grad_accum, trainable_dtype=run.trainable_dtype,
+            prediction=_prediction_fields(run.prediction),
+            **measurements(outcome, setting, run.micro_batch))
+        if self.record["tokens_per_second"]:  # an optimizer step consumed grad_accum micro-batches
+            self.record["tokens_per_second"] *= run.grad_accum
+        append_record(self.out, self.record)
+        if self.predict:
+            _say(_comparison_text(self.record, run.prediction, self.out))
+
+    def _rank_result(self) -> dict:
+        allocated, reserved, retries = measure.peak_memory(self._run.device)
+        return {"peak_allocated_bytes": allocated, "peak_reserved_bytes": reserved, "num_alloc_retries": retries,
+                "step_seconds": list(self.step_seconds), "params_total": self._run.arch.params_total,
+                "params_trainable": self._run.params_trainable, "gpu_name": self._run.gpu_name,
+                "gpu_memory_total_bytes": self._run.gpu_memory, "versions": measure.library_versions()}
+
+    # Interruption --------------------------------------------------------------------------------
+
+    def _excepthook(self, kind, value, traceback) -> None:
+        self._guard(self._finish, value)
+        self._previous_excepthook(kind, value, traceback)
+
+    def _at_exit(self) -> None:
+        self._guard(self._finish, "the process exited before training ended")
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self._guard(self._finish, "SIGTERM")  # restores the previous handler, which the re-sent signal reaches
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def _guard(self, action, *args) -> None:
+        """Run a callback action; a failure turns the callback off instead of breaking training."""
+        try:
+            action(*args)
+        except Exception as exc:  # noqa: BLE001 - the user's training matters more than our record
+            self._finished = True
+            self._release()
+            self._run = None
+            _say(f"ftplan: callback disabled, nothing recorded: {type(exc).__name__}: {exc}")
+
+
+class _Run:
+    """What the callback reads from the Trainer run: setting, device, ranks, and the sequence length seen."""
+
+    def __init__(self, args, state, model, seq_len: int | None, config_dir: Path) -> None:
+        self.started = time.time()
+        self.device = args.device.type if args.device.type == "cuda" else "cpu"
+        self.is_main = bool(state.is_world_process_zero)
+        self.world_size = int(args.world_size)
+        self.micro_batch = int(args.per_device_train_batch_size)
+        self.grad_accum = int(args.gradient_accumulation_steps)
+        self.remaining_steps = max(0, int(state.max_steps or 0) - int(state.global_step))
+        self.gpu_name, self.gpu_memory = measure.gpu_identity(self.device)
+        self.arch = run_architecture(model, config_dir)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        self.params_trainable = sum(getattr(p, "ds_numel", p.numel()) for p in trainable)
+        # Setting has no field for it: pure-bf16 weights need less memory than the trials' fp32 ones
+        self.trainable_dtype = str(trainable[0].dtype).removeprefix("torch.") if trainable else None
+        self._fields = setting_fields(args, model, self.arch.id)
+        self.seq_len_max, self.seq_len_min = seq_len, seq_len
+        self.prediction = None
+        self.on_first_forward = lambda: None
+        self._hook = model.register_forward_pre_hook(self._see_batch, with_kwargs=True)
+        if self.device == "cuda":
+            import torch
+
+            self.sync = torch.cuda.synchronize
+        else:
+            self.sync = lambda: None
+
+    def _see_batch(self, module, args, kwargs) -> None:
+        """Forward pre-hook: note the batch's sequence length (a shape read, no copy, no sync)."""
+        if not module.training:
+            return
+        tokens = kwargs.get("input_ids", args[0] if args else None)
+        if tokens is None:
+            tokens = kwargs.get("inputs_embeds")
+        if tokens is None or tokens.dim() < 2:
+            return
+        length = int(tokens.shape[1])
+        first = self.seq_len_max is None
+        self.seq_len_max = max(length, self.seq_len_max or 0)
+        self.seq_len_min = min(length, self.seq_len_min or length)
+        if first:
+            self.on_first_forward()
+
+    def remove_hook(self) -> None:
+        self._hook.remove()
+
+    def setting(self) -> Setting:
+        if self.seq_len_max is None:
+            raise FtplanError("no training batch with input_ids was seen; pass seq_len= to FtplanCallback")
+        return Setting(seq_len=self.seq_len_max, **self._fields)
+
+    def gather(self, result: dict, collective: bool) -> list[dict]:
+        """Every rank's result on every rank (one small all_gather at the end), or only ours."""
+        import torch.distributed as dist
+
+        if not collective or self.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+            return [result]
+        results: list = [None] * dist.get_world_size()
+        dist.all_gather_object(results, result)
+        return results
+
+
+def _predict(setting: Setting, micro_batch: int, gpu: str, out: Path) -> Prediction | str:
+    """ftplan's prediction for the run from the shipped calibrations and the user's own, or why there is none.
+
+    On a CPU no card applies, so the prediction comes from this machine's own CPU calibrations
+    (`ftplan calibrate --device cpu`) of the same setting, when there are some.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # skipped records and unfittable groups: not the user's problem here
+        records = read_records([p for p in (calibrations_dir(), out) if p.exists()])
+        if gpu != "cpu":
+            return Predictor.from_records(records).predict(setting, micro_batch, find_gpu(gpu))
+        own = [r for r in records if r.get("device") == "cpu" and r.get("machine_id") == measure.machine_id()]
+        fit = FitSet(tuple(fit_groups(own))).lookup(setting, "cpu")
+    if fit is None:
+        return (f"training on CPU and this machine has no CPU calibration of {setting.label()} "
+                "(run `ftplan calibrate --device cpu`, or pass FtplanCallback(gpu=...) to see what a card would need)")
+    batches = fit.calibrated_batches(setting.seq_len)
+    inside = bool(batches) and batches[0] <= micro_batch <= batches[-1]
+    return Prediction(setting, micro_batch, "cpu", fit.peak_allocated(micro_batch, setting.seq_len),
+                      fit.peak_reserved(micro_batch, setting.seq_len), fit.seconds_per_step(micro_batch, setting.seq_len),
+                      SOURCE_CALIBRATED if inside else SOURCE_EXTRAPOLATED)
+
+
+def _status(interruption: BaseException | str | None, steps_measured: int, run: _Run) -> tuple[str | None, str]:
+    """Record status and message; (None, why) when there is nothing worth recording."""
+    notes = []
+    if interruption is not None:
+        why = interruption if isinstance(interruption, str) else f"{type(interruption).__name__}: {interruption}"
+        why = why.splitlines()[0][:300]
+        if _is_oom(interruption):
+            return "oom", f"out of memory after {steps_measured} measured step(s): {why}"
+        notes.append(f"interrupted after {steps_measured} measured step(s): {why}")
+    if not steps_measured:
+        return None, notes[0] if notes else "the run ended within the warm-up steps"
+    if run.seq_len_min != run.seq_len_max:
+        notes.append(f"sequence lengths varied {run.seq_len_min}-{run.seq_len_max}; seq_len is the longest")
+    return "ok", "; ".join(notes)
+
+
+def _is_oom(interruption) -> bool:
+    if not isinstance(interruption, BaseException):
+        return False
+    import torch
+
+    return isinstance(interruption, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(interruption)
+
+
+def _prediction_fields(prediction) -> dict | None:
+    """The prediction stored beside the measurement, so plan accuracy can be tracked over real runs."""
+    if prediction is None or isinstance(prediction, str):
+        return None
+    return {"gpu": prediction.gpu, "source": prediction.source,
+            "peak_allocated_bytes": prediction.peak_allocated.mean,
+            "peak_reserved_bytes": prediction.peak_reserved.mean,
+            "peak_reserved_bytes_upper": prediction.peak_reserved.upper,
+            "seconds_per_step": prediction.seconds_per_step.mean}
+
+
+def _prediction_text(prediction, run: _Run, capacity: int) -> str:
+    per_step = prediction.seconds_per_step.mean * run.grad_accum
+    lines = [f"ftplan prediction ({prediction.source}) for micro-batch {run.micro_batch} on {prediction.gpu}, "
+             f"{run.setting().label()}:",
+             f"  peak memory per GPU {prediction.peak_reserved.mean / GIB:.3g} GiB reserved "
+             f"(up to {prediction.peak_reserved.upper / GIB:.3g}) of {capacity / GIB:.3g} GiB",
+             f"  {per_step:.3g} s/optimizer step"
+             + (f", about {_duration(per_step * run.remaining_steps)} for the {run.remaining_steps} steps to go"
+                if run.remaining_steps else "")]
+    if prediction.peak_reserved.mean > capacity:
+        lines.insert(0, "!" * 72 + "\nftplan: THIS RUN IS PREDICTED NOT TO FIT IN GPU MEMORY (expect an out-of-memory error)")
+        lines.append("!" * 72)
+    elif prediction.peak_reserved.upper > capacity:
+        lines.insert(0, "ftplan WARNING: this run may not fit: the upper memory bound exceeds the card")
+    return "\n".join(lines)
+
+
+def _comparison_text(record: dict, prediction: Prediction | str | None, out: Path) -> str:
+    """Predicted vs measured, when the prediction was for the device that ran; else just what was measured."""
+    measured_s = record.get("seconds_per_step")
+    lines = [f"ftplan: measured {record['steps_measured']} step(s), status {record['status']}; record appended to {out}"]
+    if not isinstance(prediction, Prediction) or not _same_card(record["gpu_name"], prediction.gpu):
+        where = f" (the prediction was for {prediction.gpu}, not {record['gpu_name']})" if isinstance(prediction, Prediction) else ""
+        lines.append(f"  peak reserved {record['peak_reserved_bytes'] / GIB:.3g} GiB, "
+                     + (f"{measured_s:.3g} s/step" if measured_s else "no step time") + where)
+        return "\n".join(lines)
+    accum = record.get("gradient_accumulation_steps") or 1
+    rows = [("peak allocated (GiB)", prediction.peak_allocated.mean / GIB, record["peak_allocated_bytes"] / GIB),
+            ("peak reserved (GiB)", prediction.peak_reserved.mean / GIB, record["peak_reserved_bytes"] / GIB),
+            ("s/optimizer step", prediction.seconds_per_step.mean * accum, measured_s)]
+    lines.append(f"  {'':22}{'predicted':>11}{'measured':>11}{'error':>8}")
+    for name, predicted, measured in rows:
+        shown, error = (f"{measured:.3g}", f"{(predicted - measured) / measured:+.0%}") if measured else ("-", "-")
+        lines.append(f"  {name:22}{predicted:11.3g}{shown:>11}{error:>8}")
+    return "\n".join(lines)
+
+
+def _same_card(measured_on: str, predicted_for: str) -> bool:
+    if measured_on == predicted_for:
+        return True
+    try:
+        return find_gpu(measured_on).name == predicted_for
+    except FtplanError:
+        return False
+
+
+def _duration(seconds: float) -> str:
+    return str(dt.timedelta(seconds=round(seconds)))
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)

@@ -1,0 +1,211 @@
+"""Run one trial: one process per rank, under a watchdog that never lets a rank hang.
+
+Why not torchrun or the deepspeed launcher: when one rank dies (an OOM on one GPU), the others
+block in their next collective until a 30-minute NCCL/gloo timeout, which is the known DeepSpeed
+hang. Here every rank runs in its own session, and as soon as any rank fails or the trial's
+timeout passes, every other rank's whole process group gets SIGTERM, then SIGKILL. Each rank also
+dies with the launcher (PR_SET_PDEATHSIG), so killing a calibration never leaves GPU memory held.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ftplan.core.errors import FtplanError
+from ftplan.core.settings import Setting
+
+TRIAL_COMMAND = (sys.executable, "-m", "ftplan.calibration.trial")
+EXIT_OK, EXIT_OOM = 0, 3
+POLL_SECONDS = 0.1
+KILL_GRACE_SECONDS = 5.0
+_PR_SET_PDEATHSIG = 1
+# What a healthy rank dies of when a peer of its collective died first: the echo, not the cause.
+# Both exit within one watchdog poll more often than not, so the order of exits cannot tell them apart.
+PEER_LOSS_MARKERS = ("closed by peer", "reset by peer", "Broken pipe", "communicator was aborted", "NCCL error")
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """What one trial runs; written as SPEC.json for every rank."""
+
+    setting: Setting
+    micro_batch: int
+    device: str
+    steps: int
+    warmup_steps: int
+
+    def to_dict(self) -> dict:
+        return {"setting": self.setting.to_dict(), "micro_batch": self.micro_batch, "device": self.device,
+                "steps": self.steps, "warmup_steps": self.warmup_steps}
+
+
+@dataclass(frozen=True)
+class RankOutcome:
+    """How one rank ended: its RESULT.json when it wrote one, else why not."""
+
+    rank: int
+    status: str
+    message: str
+    result: dict
+    stopped: bool = False  # ended by the watchdog, not by its own failure
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    ranks: list[RankOutcome]
+    seconds: float
+
+    @property
+    def status(self) -> str:
+        """oom if any rank ran out of memory (the others were only stopped), else error if any failed."""
+        statuses = {r.status for r in self.ranks}
+        return "oom" if "oom" in statuses else "error" if "error" in statuses else "ok"
+
+    @property
+    def message(self) -> str:
+        """The first cause, not its echo: a rank that failed by itself before one that lost a peer,
+        and both before ranks the watchdog stopped."""
+        def echo(rank: RankOutcome) -> bool:
+            return any(marker in rank.message for marker in PEER_LOSS_MARKERS)
+
+        failed = sorted((r for r in self.ranks if r.status == self.status != "ok"), key=lambda r: (r.stopped, echo(r)))
+        return f"rank {failed[0].rank}: {failed[0].message}" if failed else ""
+
+
+def run_trial(spec: TrialSpec, timeout: float, trial_command: Sequence[str] | None = None,
+              log_dir: Path | None = None) -> TrialOutcome:
+    """Launch every rank of one trial and wait until all have ended (or been ended).
+
+    trial_command defaults to TRIAL_COMMAND, looked up at call time (tests swap in fakes there).
+    Rank logs go to log_dir (kept) when given, else to a temporary folder; a failed rank's last
+    log line ends up in its message either way.
+    """
+    if spec.setting.nodes > 1:
+        raise FtplanError(f"cannot launch a {spec.setting.nodes}-node trial from one machine; calibrate one node and let the planner scale")
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ftplan-trial-") as tmp:
+        workdir = Path(tmp)
+        if log_dir:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+        logs = [Path(log_dir or workdir) / f"{spec.setting.key()}-b{spec.micro_batch}-rank{rank}.log"
+                for rank in range(spec.setting.world_size)]
+        (workdir / "spec.json").write_text(json.dumps(spec.to_dict()))
+        procs: list[subprocess.Popen] = []
+        try:
+            _start_ranks(spec, workdir, logs, trial_command or TRIAL_COMMAND, procs)
+            reason, stopped = _watch(procs, started + timeout, timeout)
+        finally:
+            _end_all(procs)
+        outcomes = [_rank_outcome(rank, proc, workdir / f"result-rank{rank}.json", logs[rank],
+                                  reason if rank in stopped else "")
+                    for rank, proc in enumerate(procs)]
+    return TrialOutcome(outcomes, time.monotonic() - started)
+
+
+def _start_ranks(spec: TrialSpec, workdir: Path, logs: list[Path], trial_command: Sequence[str],
+                 procs: list[subprocess.Popen]) -> None:
+    """Start the ranks into procs, so a failure half-way still lets the caller end those started."""
+    env = {**os.environ, "WORLD_SIZE": str(len(logs)), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    if spec.setting.alloc_conf:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = spec.setting.alloc_conf
+    for rank, log_path in enumerate(logs):
+        command = [*trial_command, "--spec", str(workdir / "spec.json"), "--result", str(workdir / f"result-rank{rank}.json")]
+        with open(log_path, "wb") as log:
+            procs.append(subprocess.Popen(command, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True, preexec_fn=_die_with_parent))
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _watch(procs: list[subprocess.Popen], deadline: float, timeout: float) -> tuple[str, set[int]]:
+    """Wait until all ranks end, one fails, or the deadline passes; return why and which ranks to stop."""
+    while True:
+        codes = [p.poll() for p in procs]
+        alive = {rank for rank, code in enumerate(codes) if code is None}
+        failed = [rank for rank, code in enumerate(codes) if code not in (None, EXIT_OK)]
+        if failed and alive:
+            return f"stopped by the watchdog after rank {failed[0]} failed", alive
+        if not alive:
+            return "", set()
+        if time.monotonic() > deadline:
+            return f"timed out after {timeout:g} s", alive
+        time.sleep(POLL_SECONDS)
+
+
+def _end_all(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every live rank's process group, then SIGKILL what is left after a grace period."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for proc in procs:
+            if proc.poll() is None:
+                _signal_group(proc, sig)
+        deadline = time.monotonic() + KILL_GRACE_SECONDS
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+    for proc in procs:
+        _signal_group(proc, signal.SIGKILL)  # children a rank left behind in its group
+        proc.wait()
+
+
+def _signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _rank_outcome(rank: int, proc: subprocess.Popen, result_path: Path, log_path: Path, stopped_because: str) -> RankOutcome:
+    """The rank's own result when it wrote one; else why it ended, with its last log line."""
+    result = _read_result(result_path)
+    if result.get("status") in ("ok", "oom", "error"):
+        return RankOutcome(rank, result["status"], str(result.get("message", "")), result)
+    if stopped_because:
+        return RankOutcome(rank, "error", stopped_because, result, stopped=True)
+    if proc.returncode == EXIT_OOM:
+        return RankOutcome(rank, "oom", "exited with the out-of-memory code", result)
+    ending = "exited without writing a result" if proc.returncode == EXIT_OK else _describe_exit(proc.returncode)
+    tail = _last_line(log_path)
+    return RankOutcome(rank, "error", f"{ending}: {tail}" if tail else ending, result)
+
+
+def _describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        name = signal.Signals(-returncode).name
+        return f"killed by {name}" + (" (host out of memory?)" if name == "SIGKILL" else "")
+    return f"exited with code {returncode}"
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = path.read_bytes()[-4096:].decode(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1].strip()[:300] if lines else ""
+
+
+def _read_result(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}

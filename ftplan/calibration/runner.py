@@ -1,0 +1,154 @@
+"""Calibrate many settings: walk each one's batch-size ladder, one trial at a time, resumably.
+
+Every finished trial is appended (locked, fsynced) before the next one starts, and trials already
+in the output file are never re-run, so killing a calibration loses at most the trial in flight.
+One trial's crash or OOM only ends that setting's ladder step; the other settings go on.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ftplan.calibration.ladder import LadderStep, next_step, remaining_estimate
+from ftplan.calibration.launcher import TrialOutcome, TrialSpec, run_trial
+from ftplan.core.architecture import load_architecture
+from ftplan.core.records import (
+    RecordWarning,
+    append_record,
+    build_record,
+    iter_records,
+    summarise_per_gpu,
+)
+from ftplan.core.settings import Setting
+
+
+@dataclass(frozen=True)
+class CalibrationPlan:
+    """Everything a calibration run needs besides the settings themselves."""
+
+    out: Path
+    device: str = "cuda"
+    steps: int = 4
+    warmup_steps: int = 2
+    timeout: float = 900.0
+    max_batch: int = 1024
+    batch_sizes: tuple[int, ...] | None = None
+    machine_id: str = ""
+    command: str = ""
+    log_dir: Path | None = None
+    trial_command: tuple[str, ...] | None = None  # None: the real trial, ftplan.calibration.launcher.TRIAL_COMMAND
+
+
+class CalibrationProgress:
+    """What the runner tells its caller; this base ignores it, the CLI draws it with rich."""
+
+    def trial_started(self, index: int, total: int, setting: Setting, batch: int) -> None:
+        pass
+
+    def trial_finished(self, record: dict) -> None:
+        pass
+
+    def setting_finished(self, setting: Setting, step: LadderStep) -> None:
+        pass
+
+
+def known_outcomes(path: Path, machine_id: str, device: str) -> dict[tuple[str, str], dict[int, str]]:
+    """(setting_key, arch_hash) -> {batch: ok|oom} measured earlier by a calibration of this machine and device.
+
+    Errors are left out, so they are retried; records of another machine, device or version of the
+    architecture (same setting key, different config) never count as done here.
+    """
+    outcomes: dict[tuple[str, str], dict[int, str]] = {}
+    if Path(path).exists():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RecordWarning)
+            for r in iter_records(path):
+                if (r["status"] in ("ok", "oom") and r.get("source") == "calibrate"
+                        and r.get("machine_id") == machine_id and r.get("device") == device):
+                    outcomes.setdefault((r["setting_key"], r.get("arch_hash")), {})[r["micro_batch"]] = r["status"]
+    return outcomes
+
+
+def calibrate(settings: Sequence[Setting], plan: CalibrationPlan, progress: CalibrationProgress | None = None) -> list[dict]:
+    """Run every setting's remaining trials; return the records written by this run."""
+    progress = progress or CalibrationProgress()
+    outcomes = known_outcomes(plan.out, plan.machine_id, plan.device)
+    hashes = [load_architecture(s.model).hash for s in settings]
+    per_setting = [outcomes.setdefault((s.key(), h), {}) for s, h in zip(settings, hashes)]
+    written: list[dict] = []
+    for setting, arch_hash, done in zip(settings, hashes, per_setting):
+        while (step := next_step(done, plan.max_batch, plan.batch_sizes)).batch is not None:
+            total = len(written) + sum(remaining_estimate(d, plan.max_batch, plan.batch_sizes) for d in per_setting)
+            progress.trial_started(len(written) + 1, total, setting, step.batch)
+            record = counted_as_wall(_run_one(setting, arch_hash, step.batch, plan), done)
+            append_record(plan.out, record)
+            written.append(record)
+            done[step.batch] = record["status"]
+            progress.trial_finished(record)
+        progress.setting_finished(setting, step)
+    return written
+
+
+# NCCL's own device allocations (communicator, channel buffers) fail before PyTorch's at the memory
+# wall and surface as an NCCL error, not a CUDA OOM: a ZeRO-2 offload ladder on the H200 stopped on
+# "NCCL error ... unhandled cuda error" at a batch between the largest that fitted and the first OOM.
+NCCL_WALL_MARKERS = ("unhandled cuda error", "NCCL WARN Cuda failure 'out of memory'", "ncclUnhandledCudaError")
+
+
+def counted_as_wall(record: dict, outcomes: dict[int, str]) -> dict:
+    """An NCCL CUDA failure above a batch that ran is the memory wall: recorded as an OOM, so the ladder
+    bisects on and fits stay below it. At the first batch it is a set-up failure and stays an error."""
+    ran_smaller = any(status == "ok" and batch < record["micro_batch"] for batch, status in outcomes.items())
+    message = record.get("message") or ""
+    if record["status"] == "error" and ran_smaller and "NCCL" in message and any(m in message for m in NCCL_WALL_MARKERS):
+        return {**record, "status": "oom",
+                "message": f"{message} [counted as out of memory: NCCL's device allocations fail first at the memory wall]"[:1000]}
+    return record
+
+
+def _run_one(setting: Setting, arch_hash: str, batch: int, plan: CalibrationPlan) -> dict:
+    spec = TrialSpec(setting, batch, plan.device, plan.steps, plan.warmup_steps)
+    started = time.time()
+    outcome = run_trial(spec, plan.timeout, plan.trial_command, plan.log_dir)
+    return build_record(setting, batch, outcome.status, message=outcome.message,
+                        timestamp=dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(timespec="seconds"),
+                        source="calibrate", machine_id=plan.machine_id, device=plan.device,
+                        arch_hash=arch_hash, command=plan.command,
+                        trial_seconds=round(outcome.seconds, 3), **measurements(outcome, setting, batch))
+
+
+def measurements(outcome: TrialOutcome, setting: Setting, batch: int) -> dict:
+    """Combine the ranks' results into the record's measured fields.
+
+    Step times: data-parallel ranks wait for each other every step, so a step lasts as long as its
+    slowest rank; step_seconds holds that per-step maximum and seconds_per_step its median. Memory:
+    per-GPU lists plus min/mean/max, because the fullest GPU decides an OOM.
+    """
+    results = [r.result for r in outcome.ranks]
+    first = results[0] if results else {}
+    step_seconds = [max(steps) for steps in zip(*(r.get("step_seconds") or [] for r in results))]
+    seconds_per_step = statistics.median(step_seconds) if step_seconds else None
+    tokens = batch * setting.seq_len * setting.world_size
+    return {
+        **_per_gpu("peak_allocated_bytes", results),
+        **_per_gpu("peak_reserved_bytes", results),
+        "num_alloc_retries": max((r["num_alloc_retries"] for r in results if "num_alloc_retries" in r), default=None),
+        "step_seconds": step_seconds,
+        "steps_measured": len(step_seconds),
+        "seconds_per_step": seconds_per_step,
+        "tokens_per_second": tokens / seconds_per_step if seconds_per_step else None,
+        "gpu_count": setting.world_size,
+        **{key: first.get(key) for key in ("gpu_name", "gpu_memory_total_bytes", "params_total", "params_trainable", "versions")},
+    }
+
+
+def _per_gpu(name: str, results: list[dict]) -> dict:
+    """All ranks' values, or none: a list with a gap would no longer say which GPU held what."""
+    values = [r[name] for r in results if isinstance(r.get(name), int)]
+    return summarise_per_gpu(name, values if len(values) == len(results) else [])

@@ -1,0 +1,235 @@
+"""One rank of one calibration trial: a short real fine-tune, measured.
+
+A recipe in the torchtune sense: build the model from its config with random weights (memory and
+speed do not depend on weight values), train it with the Hugging Face Trainer exactly as users do
+(bf16 mixed precision, AdamW, DeepSpeed ZeRO/offload, Liger, LoRA, gradient checkpointing), and
+write what was measured to a result file. Runs in its own process, started by ftplan.calibration.launcher,
+so an OOM or crash ends only this trial and CUDA statistics start clean.
+
+Usage: python -m ftplan.calibration.trial --spec SPEC.json --result RESULT.json
+Exit codes: 0 ok, 3 out of memory, 1 any other error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+from ftplan.calibration import measure
+from ftplan.calibration.deepspeed_config import deepspeed_config
+from ftplan.core.architecture import load_architecture
+from ftplan.core.settings import Setting
+
+EXIT_OK, EXIT_ERROR, EXIT_OOM = 0, 1, 3
+OOM_MARKERS = ("out of memory", "CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED")
+
+
+def _liger_patch(model_type: str):
+    from liger_kernel.transformers import (
+        apply_liger_kernel_to_llama,
+        apply_liger_kernel_to_mistral,
+        apply_liger_kernel_to_qwen2,
+    )
+
+    return {"llama": apply_liger_kernel_to_llama, "qwen2": apply_liger_kernel_to_qwen2,
+            "mistral": apply_liger_kernel_to_mistral}[model_type]
+
+
+def build_model(setting: Setting, device: str):
+    """The architecture with random weights, prepared for the setting (Liger patch, LoRA adapters).
+
+    Full fine-tuning without DeepSpeed keeps fp32 weights under bf16 autocast, as the Trainer does;
+    DeepSpeed casts to bf16 itself and keeps fp32 masters in the optimizer; LoRA freezes a bf16 base;
+    bf16-pure loads the whole model in bf16, as `from_pretrained(..., torch_dtype=torch.bfloat16)` does.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    arch = load_architecture(setting.model)
+    if setting.liger:
+        _liger_patch(arch.model_type)(rope=True, rms_norm=True, swiglu=True,
+                                      cross_entropy=False, fused_linear_cross_entropy=True)
+    config = AutoConfig.for_model(**{k: v for k, v in arch.config.items() if not k.startswith("_")})
+    half_base = setting.precision == "bf16-pure" or (setting.lora_rank and setting.precision == "bf16")
+    base_dtype = torch.bfloat16 if half_base else torch.float32
+    with torch.device(device if device == "cuda" else "cpu"):
+        model = AutoModelForCausalLM.from_config(config, dtype=base_dtype)
+    model.config.use_cache = False
+    if setting.lora_rank:
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(r=setting.lora_rank, lora_alpha=2 * setting.lora_rank,
+                          target_modules=list(setting.lora_targets), task_type="CAUSAL_LM")
+        model = get_peft_model(model, lora)
+        if setting.gradient_checkpointing:
+            model.enable_input_require_grads()
+    return model, arch
+
+
+class RandomTokens:
+    """A map-style dataset of random token sequences of exactly seq_len tokens (labels = inputs)."""
+
+    def __init__(self, samples: int, seq_len: int, vocab: int, seed: int = 0):
+        import torch
+
+        generator = torch.Generator().manual_seed(seed)
+        self.tokens = torch.randint(0, vocab, (samples, seq_len), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, index: int) -> dict:
+        ids = self.tokens[index]
+        return {"input_ids": ids, "attention_mask": ids.new_ones(ids.shape), "labels": ids}
+
+
+def step_timer(device: str, warmup_steps: int):
+    """A TrainerCallback that times each optimizer step after warm-up (synchronising only at its edges)."""
+    from transformers import TrainerCallback
+
+    def sync() -> None:
+        if device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.seconds: list[float] = []
+            self._start = 0.0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == warmup_steps:
+                measure.reset_peak_memory(device)  # peak over the measured steps, after one-off set-up
+            sync()
+            self._start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            sync()
+            if state.global_step > warmup_steps:
+                self.seconds.append(time.perf_counter() - self._start)
+
+    return StepTimer()
+
+
+def training_arguments(setting: Setting, micro_batch: int, steps: int, device: str, output_dir: str):
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        output_dir=output_dir,
+        per_device_train_batch_size=micro_batch,
+        gradient_accumulation_steps=1,
+        max_steps=steps,
+        learning_rate=1e-5,
+        optim=setting.optimizer,
+        bf16=setting.precision in ("bf16", "bf16-pure"),
+        fp16=setting.precision == "fp16",
+        gradient_checkpointing=setting.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False} if setting.gradient_checkpointing else None,
+        deepspeed=deepspeed_config(setting),
+        use_cpu=device == "cpu",
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+    )
+
+
+def _train_without_process_group() -> None:
+    """One GPU without DeepSpeed trains as `python train.py` does, with no process group.
+
+    With the launcher's RANK/WORLD_SIZE set, the Trainer creates a one-rank NCCL group whose lazily
+    built communicator needs fresh device memory at the end of training; at the memory wall that
+    failed as "NCCL ... unhandled cuda error" on the H200 (qwen2.5-0.5b, batch 19) after every step
+    had run. DeepSpeed needs the group and builds its communicator at start-up, before memory fills.
+    """
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(name, None)
+
+
+def run_trial(spec: dict) -> dict:
+    """Train for warm-up + measured steps and return the measurements (raises on OOM or failure)."""
+    from transformers import Trainer
+
+    setting = Setting.from_dict(spec["setting"])
+    device, micro_batch = spec["device"], spec["micro_batch"]
+    warmup, steps = spec.get("warmup_steps", 2), spec.get("steps", 4)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1 and not setting.uses_deepspeed:
+        _train_without_process_group()
+    if device == "cuda":
+        import torch
+
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    model, arch = build_model(setting, device)
+    timer = step_timer(device, warmup)
+    with tempfile.TemporaryDirectory(prefix="ftplan-trial-") as output_dir:
+        args = training_arguments(setting, micro_batch, warmup + steps, device, output_dir)
+        dataset = RandomTokens(micro_batch * world * (warmup + steps), setting.seq_len, arch.vocab)
+        trainer = Trainer(model=model, args=args, train_dataset=dataset, callbacks=[timer])
+        trainer.train()
+    allocated, reserved, retries = measure.peak_memory(device)
+    name, total = measure.gpu_identity(device)
+    return {
+        "peak_allocated_bytes": allocated,
+        "peak_reserved_bytes": reserved,
+        "num_alloc_retries": retries,
+        "step_seconds": timer.seconds,
+        "params_total": arch.params_total,
+        "params_trainable": sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad),
+        "gpu_name": name,
+        "gpu_memory_total_bytes": total,
+    }  # ds_numel: under ZeRO-3 a parameter's local numel() is only its partition
+
+
+def _is_oom(exc: BaseException) -> bool:
+    import torch
+
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or any(m in str(exc) for m in OOM_MARKERS)
+
+
+def write_result(path: Path, result: dict) -> None:
+    """Atomically, so the launcher never reads half a result."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", type=Path, required=True)
+    parser.add_argument("--result", type=Path, required=True)
+    args = parser.parse_args(argv)
+    spec = json.loads(args.spec.read_text())
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", spec["setting"].get("alloc_conf", ""))
+    identity = {"device": spec["device"], "alloc_conf": measure.alloc_conf(), "versions": measure.library_versions()}
+    try:  # known before training, so OOM and error results name their card too
+        identity["gpu_name"], identity["gpu_memory_total_bytes"] = measure.gpu_identity(spec["device"])
+    except Exception as exc:  # noqa: BLE001 - a broken device shows up as the trial's own error below
+        identity["message"] = f"device not usable: {exc}"
+    try:
+        result = {"status": "ok", "message": "", **identity, **run_trial(spec)}
+        code = EXIT_OK
+    except BaseException as exc:  # noqa: BLE001 - every failure must become a result, never a hang
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        oom = _is_oom(exc)
+        message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
+        if not oom:
+            traceback.print_exc()
+        result = {**identity, "status": "oom" if oom else "error", "message": message}
+        code = EXIT_OOM if oom else EXIT_ERROR
+    write_result(args.result, result)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""The GPU catalog: one definition of every card's memory, throughput and links.
+
+Datasheet figures (data/gpus.csv, with their source) are the defaults; a user's own specs file
+overrides or extends them. Time transfers between GPUs by these throughputs; memory does not.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from ftplan.core.errors import FtplanError
+from ftplan.core.paths import data_dir
+from ftplan.core.units import GIB
+
+COLUMNS = ("name", "memory_gib", "bf16_dense_tflops", "memory_bandwidth_gbs")
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU model. intra_node_gbs is the per-direction GPU-to-GPU bandwidth inside a node."""
+
+    name: str
+    memory_gib: float
+    bf16_dense_tflops: float
+    memory_bandwidth_gbs: float
+    intra_node_gbs: float = 32.0
+    interconnect: str = ""
+    source: str = ""
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gib * GIB)
+
+
+def _normalise(name: str) -> str:
+    return name.lower().replace("_", "-").replace(" ", "-")
+
+
+def load_catalog(extra_specs: Path | None = None) -> dict[str, GpuSpec]:
+    """GPU specs by canonical name; rows of extra_specs (same CSV columns) replace or add cards."""
+    frames = [_read_specs(data_dir() / "gpus.csv")]
+    if extra_specs is not None:
+        frames.append(_read_specs(Path(extra_specs)))
+    catalog: dict[str, GpuSpec] = {}
+    for frame in frames:
+        for row in frame.to_dict("records"):
+            spec = GpuSpec(**{k: row[k] for k in GpuSpec.__dataclass_fields__ if k in row and pd.notna(row[k])})
+            catalog[spec.name] = spec
+    return catalog
+
+
+def _read_specs(path: Path) -> pd.DataFrame:
+    try:
+        frame = pd.read_csv(path)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise FtplanError(f"cannot read GPU specs {path}: {exc}") from None
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        raise FtplanError(f"GPU specs {path} lack column(s) {', '.join(missing)}")
+    for column in COLUMNS[1:]:
+        values = pd.to_numeric(frame[column], errors="coerce")
+        if values.isna().any() or (values <= 0).any():
+            raise FtplanError(f"GPU specs {path}: column {column} must hold positive numbers")
+    return frame
+
+
+@functools.lru_cache(maxsize=4)
+def _shipped_aliases(path: Path) -> tuple[tuple[str, str], ...]:
+    """(normalised alias, card name) pairs; cached because every calibration record's GPU is looked up."""
+    return tuple((_normalise(alias), row["name"]) for row in _read_specs(path).to_dict("records")
+                 for alias in str(row.get("aliases", "") or "").split(";") if alias)
+
+
+def find_gpu(name: str, catalog: dict[str, GpuSpec] | None = None) -> GpuSpec:
+    """Look a GPU up by name or alias, case-insensitively; suggest close names when unknown."""
+    catalog = catalog if catalog is not None else load_catalog()
+    wanted = _normalise(name)
+    aliases = {_normalise(spec.name): spec for spec in catalog.values()}
+    for alias, canonical in _shipped_aliases(data_dir() / "gpus.csv"):
+        if canonical in catalog:
+            aliases.setdefault(alias, catalog[canonical])
+    if wanted in aliases:
+        return aliases[wanted]
+    close = difflib.get_close_matches(wanted, list(aliases), n=3, cutoff=0.5)
+    names = dict.fromkeys(aliases[c].name for c in close)
+    hint = f"; did you mean {', '.join(names)}?" if names else ""
+    raise FtplanError(f"unknown GPU '{name}'{hint} (see `ftplan gpus`, or pass --gpu-specs FILE)")

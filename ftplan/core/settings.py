@@ -1,0 +1,94 @@
+"""A training setting: everything except the micro-batch that changes memory or speed.
+
+One frozen dataclass that serialises into every record, so fits, planner and calibration agree on
+what "the same setting" means.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields, replace
+
+from ftplan.core.architecture import ALL_LINEAR_TARGETS
+from ftplan.core.errors import FtplanError
+
+# bf16: mixed precision with fp32 weights and optimizer states (Trainer's bf16=True on an fp32 model,
+# or DeepSpeed's fp32 master copy); bf16-pure: the model loaded in bf16 (`torch_dtype=torch.bfloat16`)
+# and trained as is, so weights, gradients and AdamW moments are all bf16 (no master copy).
+PRECISIONS = ("bf16", "bf16-pure", "fp16", "fp32")
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How a model is fine-tuned. zero_stage 0 means no DeepSpeed; lora_rank 0 means full fine-tuning."""
+
+    model: str
+    seq_len: int = 2048
+    precision: str = "bf16"
+    optimizer: str = "adamw_torch"
+    zero_stage: int = 0
+    offload_optimizer: bool = False
+    liger: bool = False
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ALL_LINEAR_TARGETS
+    gradient_checkpointing: bool = False
+    gpus: int = 1
+    nodes: int = 1
+    alloc_conf: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
+        if self.seq_len <= 0:
+            raise FtplanError(f"sequence length must be positive, got {self.seq_len}")
+        if self.precision not in PRECISIONS:
+            raise FtplanError(f"precision must be one of {', '.join(PRECISIONS)}, got '{self.precision}'")
+        if self.zero_stage not in ZERO_STAGES:
+            raise FtplanError(f"ZeRO stage must be 0-3, got {self.zero_stage}")
+        if self.precision == "bf16-pure" and self.zero_stage:
+            raise FtplanError("bf16-pure is plain PyTorch training of a bf16 model; DeepSpeed keeps an fp32 master copy (use bf16)")
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise FtplanError("optimizer offload needs DeepSpeed ZeRO (stage 1-3)")
+        if self.lora_rank < 0:
+            raise FtplanError(f"LoRA rank must be >= 0, got {self.lora_rank}")
+        if self.gpus <= 0 or self.nodes <= 0:
+            raise FtplanError(f"GPU and node counts must be positive, got gpus={self.gpus} nodes={self.nodes}")
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus * self.nodes
+
+    @property
+    def uses_deepspeed(self) -> bool:
+        return self.zero_stage > 0
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["lora_targets"] = list(self.lora_targets)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Setting:
+        """Build from a record or JSON; keys that are not setting fields are ignored."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def key(self) -> str:
+        """Stable id of the setting, used to group records and to resume calibrations."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def label(self) -> str:
+        """Short human-readable name, e.g. 'zero2+offload liger lora16 gc s2048'."""
+        parts = [f"zero{self.zero_stage}" + ("+offload" if self.offload_optimizer else "") if self.zero_stage else "ddp"]
+        parts.append("liger" if self.liger else "")
+        parts.append(f"lora{self.lora_rank}" if self.lora_rank else "full")
+        parts.append("gc" if self.gradient_checkpointing else "")
+        parts.append(f"s{self.seq_len}")
+        parts.append(self.precision if self.precision != "bf16" else "")
+        if self.world_size > 1:
+            parts.append(f"{self.gpus}x{self.nodes}gpu" if self.nodes > 1 else f"{self.gpus}gpu")
+        return " ".join(p for p in parts if p)
+
+    def with_(self, **changes) -> Setting:
+        return replace(self, **changes)

@@ -1,0 +1,329 @@
+"""Fits of calibration records: peak memory and step time against micro-batch, per setting and GPU.
+
+One SettingFit per (setting without seq_len, GPU): it holds the records it came from, curves of
+peak allocated memory and seconds per step, the allocator's overhead on top of allocated (which
+makes reserved), and what the ladder observed at the top (the allocator wall, the first OOM). The
+rule that turns a fit and a card into a batch size lives in models/safe_batch.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from ftplan.core.architecture import cached_architecture
+from ftplan.core.errors import FtplanError
+from ftplan.core.hardware import find_gpu
+from ftplan.core.settings import Setting
+from ftplan.models.bytes_per_param import FP32_BYTES
+from ftplan.models.curve import Curve, fit_convex_curve, with_line_below_points
+from ftplan.models.prediction import Estimate
+from ftplan.models.prior import (
+    ComputeRate,
+    LadderSlope,
+    fit_compute_rate,
+    ladder_slopes,
+    logit_elements_per_sample,
+)
+from ftplan.models.wall import healthy_points, reserved_capped
+
+# Relative floors of the upper prediction bound, for fits whose few points leave residuals near zero.
+ALLOCATED_FLOOR = 0.02
+TIME_FLOOR = 0.05
+# Share of the card kept free beyond the upper bound of reserved memory: the CUDA context (about
+# 0.5 GiB, outside torch's reserved bytes) and NCCL buffers. The bound itself already carries the
+# uncertainty (allocated upper bound + the largest allocator overhead seen in the setting), so a
+# flat 5% on top ruled out every batch that needs more than 95% of the card: on the shipped H200
+# ladders the largest fitting batches use 99.2% (qwen2.5-0.5b full, batch 19) and 96.2% (Llama-3-8B
+# LoRA r16, batch 7) of it.
+SAFETY_MARGIN = 0.02
+# Reserved memory the unfused loss strands, per byte of one fp32 logits tensor (batch·seq·vocab·4).
+# The caching allocator keeps the freed logits-sized blocks of the loss (upcast, log-softmax and
+# their gradients) and cannot fit other tensors into them, so reserved − allocated grows with the
+# logits while a constant overhead cannot follow: on the shipped H200 ladders (no Liger, seq 2048)
+# it is 0.35 to 0.92 of one logits tensor at the largest fitting batch, median 0.70
+# (`python benchmarks/accuracy.py` prints these), and an OOM then strikes with up to 35 GiB
+# reserved but free (qwen2.5-0.5b with checkpointing, batch 32). The bound takes the largest share
+# seen; the mean the share of the setting's own largest measured batch. Liger's fused loss builds
+# no logits; its overhead stays at 1-3 GiB at any batch.
+LOGIT_BLOCKS_HIGHEST = 0.92
+MAX_BATCH = 4096      # search ceiling when memory stops growing with batch
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """Reserved minus allocated memory (allocator cache and fragmentation), in bytes.
+
+    A constant taken from the larger half of the batches, not a line: it varies by several GiB
+    from one batch to the next without a trend that three points could extrapolate, and it is
+    the large batches that decide what fits.
+    """
+
+    typical: float   # median over the larger half
+    highest: float   # largest observed there
+    n_points: int
+    largest_tokens: float = 0.0  # batch·seq of the largest measured point
+    at_largest: float = 0.0      # the overhead there
+
+    @classmethod
+    def fit(cls, records: list[dict]) -> Overhead:
+        measured = sorted((r["micro_batch"] * r["seq_len"], r["peak_reserved_bytes"] - r["peak_allocated_bytes"])
+                          for r in records if r.get("peak_reserved_bytes") and not reserved_capped(r))
+        larger = [gap for _, gap in measured[len(measured) // 2:]]
+        if not larger:  # no reserved memory measured (CPU): no caching allocator, nothing to add
+            return cls(0.0, 0.0, 0)
+        tokens, gap = measured[-1]
+        return cls(float(statistics.median(larger)), float(max(larger)), len(measured), float(tokens), float(gap))
+
+    def to_json(self) -> dict:
+        return {"typical": self.typical, "highest": self.highest, "n_points": self.n_points,
+                "largest_tokens": self.largest_tokens, "at_largest": self.at_largest}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Overhead:
+        return cls(float(data["typical"]), float(data["highest"]), int(data["n_points"]),
+                   float(data["largest_tokens"]), float(data["at_largest"]))
+
+
+@dataclass(frozen=True)
+class SettingFit:
+    """Memory and time of one setting on one GPU type, fitted from its records."""
+
+    setting: dict           # Setting fields without seq_len
+    gpu_name: str
+    capacity_bytes: int | None
+    allocated: Curve
+    overhead: Overhead
+    time: Curve
+    walls: tuple[tuple[int, int], ...]  # (seq_len, batch) at the allocator wall
+    records: tuple[dict, ...]
+    compute_rate: ComputeRate | None = None  # learnt from other settings; sets the large-batch time slope
+    logit_bytes_per_token: float = 0.0  # one fp32 logits tensor per token; 0 with Liger's fused loss
+
+    def setting_at(self, seq_len: int) -> Setting:
+        return Setting.from_dict({**self.setting, "seq_len": seq_len})
+
+    @property
+    def label(self) -> str:
+        """e.g. 'llama-3-8b zero3 full gc s1024,2048 8gpu expandable_segments:True on A100-80GB'."""
+        first = self.seq_lens[0]
+        lengths = "s" + ",".join(str(s) for s in self.seq_lens)
+        parts = [self.setting["model"], self.setting_at(first).label().replace(f"s{first}", lengths),
+                 self.setting["alloc_conf"], "on", self.gpu_name]
+        return " ".join(p for p in parts if p)
+
+    @property
+    def seq_lens(self) -> list[int]:
+        return sorted({r["seq_len"] for r in self.records if r["status"] == "ok"})
+
+    def covers(self, seq_len: int) -> bool:
+        """A fit from one sequence length says nothing about another; several generalise."""
+        return len(self.seq_lens) > 1 or seq_len in self.seq_lens
+
+    def peak_allocated(self, batch: int, seq_len: int) -> Estimate:
+        return self.allocated.predict(batch, seq_len)
+
+    def peak_reserved(self, batch: int, seq_len: int) -> Estimate:
+        """Allocated plus the allocator's overhead: the constant seen in the setting (typical for the
+        mean, the largest for the bound) or, once the logits dominate, the blocks they strand."""
+        allocated = self.allocated.predict(batch, seq_len)
+        logits = batch * seq_len * self.logit_bytes_per_token
+        return Estimate(mean=allocated.mean + max(self.overhead.typical, self.stranded_logit_share * logits),
+                        upper=allocated.upper + max(self.overhead.highest, LOGIT_BLOCKS_HIGHEST * logits))
+
+    @property
+    def stranded_logit_share(self) -> float:
+        """Overhead per logits byte at the largest measured batch (capped by the bound's share)."""
+        logits = self.overhead.largest_tokens * self.logit_bytes_per_token
+        return min(self.overhead.at_largest / logits, LOGIT_BLOCKS_HIGHEST) if logits else 0.0
+
+    def seconds_per_step(self, batch: int, seq_len: int) -> Estimate:
+        return self.time.predict(batch, seq_len)
+
+    def calibrated_batches(self, seq_len: int) -> list[int]:
+        return sorted({r["micro_batch"] for r in self.records if r["status"] == "ok" and r["seq_len"] == seq_len})
+
+    def largest_ok_batch(self, seq_len: int) -> int | None:
+        return max(self.calibrated_batches(seq_len), default=None)
+
+    def smallest_oom_batch(self, seq_len: int) -> int | None:
+        """Smallest batch known to run out of memory at this length (an OOM at a shorter length counts too)."""
+        return min((r["micro_batch"] for r in self.records
+                    if r["status"] == "oom" and r["seq_len"] <= seq_len), default=None)
+
+    def wall_batches(self, seq_len: int) -> list[int]:
+        return [batch for seq, batch in self.walls if seq == seq_len]
+
+    def observed_limit(self, seq_len: int) -> int | None:
+        """Smallest batch seen at the wall or OOM at this or a shorter length: no safe batch reaches it."""
+        limits = [batch for seq, batch in self.walls if seq <= seq_len]
+        oom = self.smallest_oom_batch(seq_len)
+        return min(limits + ([oom] if oom else []), default=None)
+
+    def measured_healthy(self, seq_len: int) -> tuple[tuple[int, float], ...]:
+        """(batch, measured peak reserved bytes) of the batches that ran ok at this length, clear of the
+        wall and below the observed limit: evidence that outranks the fit's bound (models/safe_batch.py)."""
+        limit = self.observed_limit(seq_len)
+        walls = set(self.wall_batches(seq_len))
+        return tuple(sorted((r["micro_batch"], float(r.get("peak_reserved_bytes") or r.get("peak_allocated_bytes") or math.inf))
+                            for r in self.records
+                            if r["status"] == "ok" and r["seq_len"] == seq_len and r["micro_batch"] not in walls
+                            and (limit is None or r["micro_batch"] < limit)))
+
+    @property
+    def n_points(self) -> int:
+        return self.allocated.n_points
+
+    @property
+    def r2(self) -> dict[str, float | None]:
+        return {"memory": self.allocated.r2, "time": self.time.r2}
+
+    def to_json(self) -> dict:
+        return {"setting": self.setting, "gpu_name": self.gpu_name, "capacity_bytes": self.capacity_bytes,
+                "peak_allocated": self.allocated.to_json(), "reserved_overhead": self.overhead.to_json(),
+                "seconds_per_step": self.time.to_json(), "walls": [list(w) for w in self.walls],
+                "compute_rate": self.compute_rate.to_json() if self.compute_rate else None,
+                "logit_bytes_per_token": self.logit_bytes_per_token, "records": list(self.records)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> SettingFit:
+        return cls(setting=data["setting"], gpu_name=data["gpu_name"], capacity_bytes=data["capacity_bytes"],
+                   allocated=Curve.from_json(data["peak_allocated"]),
+                   overhead=Overhead.from_json(data["reserved_overhead"]),
+                   time=Curve.from_json(data["seconds_per_step"]),
+                   walls=tuple((int(s), int(b)) for s, b in data["walls"]), records=tuple(data["records"]),
+                   compute_rate=ComputeRate.from_json(data["compute_rate"]),
+                   logit_bytes_per_token=float(data["logit_bytes_per_token"]))
+
+
+def setting_without_seq_len(data: dict) -> dict:
+    """The setting fields of a record or Setting dict, less seq_len: what one fit generalises across."""
+    setting = Setting.from_dict(data).to_dict()
+    del setting["seq_len"]
+    return setting
+
+
+def group_key(record: dict) -> tuple[str, str]:
+    """(setting without seq_len, GPU) as a hashable key: what one fit covers."""
+    return json.dumps(setting_without_seq_len(record), sort_keys=True), str(record.get("gpu_name"))
+
+
+def fit_setting(records: list[dict], compute_rate: ComputeRate | None = None) -> SettingFit:
+    """Fit one group's ok/oom records; FtplanError when fewer than two healthy batch sizes exist.
+
+    With a compute rate (learnt from other settings), step time also follows the physical per-sample
+    cost beyond the calibrated batches, which launch-bound small batches cannot show.
+    """
+    records = [r for r in records if r["status"] in ("ok", "oom")]
+    first = records[0]
+    label = f"{Setting.from_dict(first).label()} on {first.get('gpu_name')}"
+    healthy, walls = healthy_points(records)
+    if len({(r["seq_len"], r["micro_batch"]) for r in healthy}) < 2:
+        raise FtplanError(f"{label}: fewer than two healthy batch sizes measured, nothing to fit")
+    allocated = fit_convex_curve(*_columns(healthy, "peak_allocated_bytes"), ALLOCATED_FLOOR)
+    timed = [r for r in healthy if r.get("seconds_per_step")]
+    if len({r["micro_batch"] for r in timed}) < 2:
+        raise FtplanError(f"{label}: fewer than two timed batch sizes measured, nothing to fit")
+    time = fit_convex_curve(*_columns(timed, "seconds_per_step"), TIME_FLOOR)
+    slopes = _compute_slopes(time, first, compute_rate) if compute_rate else None
+    if slopes:
+        time = with_line_below_points(time, slopes, *_columns(timed, "seconds_per_step"))
+    capacity = max((r.get("gpu_memory_total_bytes") or 0 for r in records), default=0) or None
+    return SettingFit(setting=setting_without_seq_len(first), gpu_name=str(first.get("gpu_name")), capacity_bytes=capacity,
+                      allocated=allocated, overhead=Overhead.fit(healthy), time=time, walls=walls,
+                      records=tuple(records), compute_rate=compute_rate if slopes else None,
+                      logit_bytes_per_token=_logit_bytes_per_token(first))
+
+
+def _logit_bytes_per_token(record: dict) -> float:
+    """Bytes of one fp32 logits tensor per token; 0 for an architecture not known here (no term)."""
+    try:
+        arch = cached_architecture(record["model"])
+    except FtplanError:
+        return 0.0
+    setting = Setting.from_dict(record)
+    return logit_elements_per_sample(arch, setting) * FP32_BYTES / setting.seq_len
+
+
+def _compute_slopes(time: Curve, record: dict, rate: ComputeRate) -> tuple[float, ...] | None:
+    """The compute rate's seconds per sample as slopes on the time curve's features; None for an
+    unknown GPU or architecture. Per-sample cost is a·seq + c·seq² (attention), which is exactly
+    the curve's (batch·seq/ref, batch·(seq/ref)²) form when several lengths were calibrated."""
+    try:
+        arch, gpu = cached_architecture(record["model"]), find_gpu(str(record.get("gpu_name")))
+    except FtplanError:
+        return None
+    setting = Setting.from_dict(record)
+
+    def per_sample(seq: int) -> float:
+        return rate.seconds_per_sample(arch, setting.with_(seq_len=seq), gpu)
+
+    if time.seq_ref is None:
+        return (per_sample(setting.seq_len),)
+    lengths = np.array([time.seq_ref, time.seq_ref // 2], float)
+    ratios = lengths / time.seq_ref
+    linear, quadratic = np.linalg.solve(np.column_stack([ratios, ratios**2]),
+                                        [per_sample(int(s)) for s in lengths])
+    return float(linear), float(quadratic)
+
+
+def compute_rate_for(gpu_name: str, others: list[LadderSlope]) -> ComputeRate | None:
+    """The compute rate of other settings' ladders on this GPU type; None without any.
+
+    Other GPUs are left out: MFU moves with the card's balance of compute, bandwidth and launch
+    overhead, and the public A100 ladders predicted from RTX 3090 ones were worse than without.
+    """
+    try:
+        gpu = find_gpu(gpu_name)
+    except FtplanError:
+        return None
+    return fit_compute_rate([s for s in others if s.gpu == gpu])
+
+
+def _columns(records: list[dict], key: str) -> tuple[list[int], list[int], list[float]]:
+    return ([r["micro_batch"] for r in records], [r["seq_len"] for r in records], [float(r[key]) for r in records])
+
+
+def largest_safe_batch(fit: SettingFit, seq_len: int, capacity_bytes: int, margin: float = SAFETY_MARGIN) -> int:
+    """models/safe_batch.py's rule for one fit on a card of this capacity (imported here lazily:
+    that module builds on this one)."""
+    from ftplan.models.safe_batch import MemoryBudget, fit_largest_safe_batch
+
+    return fit_largest_safe_batch(fit, seq_len, MemoryBudget(capacity_bytes, margin))
+
+
+def group_records(records: list[dict]) -> list[list[dict]]:
+    """ok/oom records grouped by (setting without seq_len, GPU).
+
+    A trial that died of OOM may not have learnt its GPU's name; it takes the name that ok trials
+    of the same setting on the same machine recorded, so the OOM still bounds their fit.
+    """
+    names = {(r["setting_key"], r.get("machine_id")): r["gpu_name"] for r in records if r.get("gpu_name")}
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for record in records:
+        if record["status"] not in ("ok", "oom"):
+            continue
+        if not record.get("gpu_name"):
+            record = {**record, "gpu_name": names.get((record["setting_key"], record.get("machine_id")))}
+        groups.setdefault(group_key(record), []).append(record)
+    return list(groups.values())
+
+
+def fit_groups(records: list[dict]) -> list[SettingFit]:
+    """One fit per (setting without seq_len, GPU), each with the compute rate of all the *other*
+    groups' ladders; groups that cannot be fitted are skipped with a warning."""
+    groups = group_records(records)
+    slopes = [ladder_slopes(group) for group in groups]
+    fits = []
+    for index, group in enumerate(groups):
+        others = [s for other, found in enumerate(slopes) if other != index for s in found]
+        try:
+            fits.append(fit_setting(group, compute_rate_for(str(group[0].get("gpu_name")), others)))
+        except FtplanError as exc:
+            warnings.warn(f"{exc}; skipped", UserWarning, stacklevel=2)
+    return fits

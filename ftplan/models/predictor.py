@@ -1,0 +1,254 @@
+"""The Predictor: one answer per (setting, micro-batch, GPU), from the most trustworthy evidence there is.
+
+In decreasing order of trust:
+1. a fit of this exact setting on this GPU (calibrated inside its batch range, else extrapolated);
+2. a fit of this setting on another GPU: memory from the same framework stays, time is scaled by
+   bf16 throughput (compute) and memory bandwidth (optimizer step);
+3. a fit of a relative (the same setting on one GPU, or at another calibrated sequence length), plus
+   the prior's change between the relative and this setting (e.g. ZeRO partitioning over more GPUs);
+4. the analytic prior, its constants learned from this model's records, else from all records,
+   else documented defaults.
+For world_size > 1 the communication model adds the gradient traffic to one GPU's compute time,
+unless the fit itself is of a multi-GPU calibration.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, replace
+
+from ftplan.core.architecture import cached_architecture
+from ftplan.core.errors import FtplanError
+from ftplan.core.hardware import GpuSpec, find_gpu, load_catalog
+from ftplan.core.paths import calibrations_dir
+from ftplan.core.records import read_records
+from ftplan.core.settings import Setting
+from ftplan.models.communication import (
+    Links,
+    data_parallel_step_seconds,
+    estimate_overlap,
+    links_from_catalog,
+    step_time_cv,
+    step_traffic,
+)
+from ftplan.models.fit import SettingFit
+from ftplan.models.fitset import FitSet, fit_records
+from ftplan.models.prediction import (
+    SOURCE_CALIBRATED,
+    SOURCE_EXTRAPOLATED,
+    SOURCE_PRIOR,
+    Estimate,
+    Prediction,
+)
+from ftplan.models.prior import (
+    PriorConstants,
+    PriorEstimate,
+    fit_constants,
+    prior_estimate,
+)
+
+DEFAULT_INTER_NODE_LINK = "cloud"
+
+
+@dataclass(frozen=True)
+class _Evidence:
+    """A fit to build on, the setting and GPU it was measured with, and how to reach the asked case."""
+
+    fit: SettingFit
+    setting: Setting
+    gpu: GpuSpec
+    note: str
+
+
+class Predictor:
+    """Predicts per-GPU peak memory and seconds per step; cached, so thousands of calls stay under a second."""
+
+    def __init__(self, records: list[dict], fits: FitSet, gpu_catalog: dict[str, GpuSpec] | None = None,
+                 links: Links | None = None, constants: dict[str, PriorConstants] | None = None):
+        self._records = [r for r in records if r.get("status") in ("ok", "oom")]
+        self._fits = fits
+        self._catalog = gpu_catalog if gpu_catalog is not None else load_catalog()
+        self._links = links
+        self._fit_gpus = self._canonical_fit_gpus()
+        self._alloc_confs = sorted({str(r.get("alloc_conf", "")) for r in self._records})
+        self._constants: dict[str, PriorConstants] = dict(constants or {})  # e.g. from ftplan.planner.fit_cache
+        self._overlaps: dict[Links, float] = {}
+        self._catalog_links: dict[str, Links] = {}
+        self._evidence_cache: dict[tuple[Setting, GpuSpec], _Evidence | None] = {}
+        self._step_time_cv = step_time_cv(self._records)
+        self._cache: dict[tuple[Setting, int, GpuSpec], Prediction] = {}
+
+    @classmethod
+    def from_records(cls, records: list[dict], gpu_catalog: dict[str, GpuSpec] | None = None,
+                     links: Links | None = None) -> Predictor:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # groups too small to fit still inform the prior
+            fits = fit_records(records)
+        return cls(records, fits, gpu_catalog, links)
+
+    @classmethod
+    def default(cls) -> Predictor:
+        """From the calibrations shipped in data/; with none, the prior alone."""
+        folder = calibrations_dir()
+        records = read_records([folder]) if folder.is_dir() else []
+        return cls.from_records(records)
+
+    def predict(self, setting: Setting, micro_batch: int, gpu: GpuSpec) -> Prediction:
+        if micro_batch < 1:
+            raise FtplanError(f"micro-batch must be >= 1, got {micro_batch}")
+        key = (setting, micro_batch, gpu)
+        if key not in self._cache:
+            self._cache[key] = self._predict(setting, micro_batch, gpu)
+        return self._cache[key]
+
+    def all_constants(self) -> dict[str, PriorConstants]:
+        """Constants for every calibrated model, learned now, so a cache can store them."""
+        for model in {str(r.get("model")) for r in self._records}:
+            self.constants_for(model)
+        return dict(self._constants)
+
+    def constants_for(self, model: str) -> PriorConstants:
+        """The prior's constants learned from this model's records, else all records, else defaults."""
+        if model not in self._constants:
+            own = fit_constants([r for r in self._records if r.get("model") == model], self._catalog, f"{model} calibrations")
+            self._constants[model] = own if own.n_records else fit_constants(self._records, self._catalog, "all calibrations")
+        return self._constants[model]
+
+    def _predict(self, setting: Setting, batch: int, gpu: GpuSpec) -> Prediction:
+        arch = cached_architecture(setting.model)
+        constants = self.constants_for(setting.model)
+        prior = prior_estimate(arch, setting, batch, gpu, constants)
+        if (setting, gpu) not in self._evidence_cache:
+            self._evidence_cache[setting, gpu] = self._evidence(setting, gpu)
+        evidence = self._evidence_cache[setting, gpu]
+        if evidence is None:
+            return self._from_prior(setting, batch, gpu, prior, constants)
+        fit, seq = evidence.fit, setting.seq_len
+        fit_seq = seq if fit.covers(seq) else min(fit.seq_lens, key=lambda s: abs(s - seq))
+        base = prior_estimate(arch, evidence.setting, batch, evidence.gpu, constants)
+        allocated = _shift(fit.peak_allocated(batch, fit_seq), prior.peak_allocated - base.peak_allocated)
+        reserved = _shift(fit.peak_reserved(batch, fit_seq), prior.peak_reserved - base.peak_reserved)
+        seconds = _transfer_time(fit.seconds_per_step(batch, fit_seq), base, prior)
+        notes = [evidence.note] if evidence.note else []
+        if setting.world_size > 1 and evidence.setting.world_size == 1:
+            seconds = self._with_communication(setting, gpu, seconds, prior)
+            notes.append(self._communication_note(setting))
+        exact = evidence.setting == setting and evidence.gpu == gpu
+        calibrated = fit.calibrated_batches(seq)
+        inside = exact and bool(calibrated) and calibrated[0] <= batch <= calibrated[-1]
+        if exact and not inside:
+            notes.append(f"batch {batch} outside the calibrated batches {calibrated or 'at this length'}: extrapolated")
+        wall = fit.observed_limit(seq) if exact else None  # a wall belongs to one card and one setting
+        return Prediction(setting, batch, gpu.name, allocated, reserved, seconds,
+                          SOURCE_CALIBRATED if inside else SOURCE_EXTRAPOLATED, wall_batch=wall,
+                          measured_healthy=fit.measured_healthy(seq) if exact else (), notes=tuple(notes))
+
+    def _from_prior(self, setting: Setting, batch: int, gpu: GpuSpec, prior: PriorEstimate,
+                    constants: PriorConstants) -> Prediction:
+        seconds = Estimate(prior.seconds_per_step, prior.seconds_per_step * (1 + constants.time_margin))
+        notes = [f"analytic prior, constants from {constants.scope}"
+                 + (f" ({constants.n_records} records)" if constants.n_records else "")]
+        if setting.world_size > 1:
+            seconds = self._with_communication(setting, gpu, seconds, prior)
+            notes.append(self._communication_note(setting))
+        return Prediction(setting, batch, gpu.name,
+                          Estimate(prior.peak_allocated, prior.peak_allocated * (1 + constants.memory_margin)),
+                          Estimate(prior.peak_reserved, prior.peak_reserved * (1 + constants.reserved_margin)),
+                          seconds, SOURCE_PRIOR, notes=tuple(notes))
+
+    def _evidence(self, setting: Setting, gpu: GpuSpec) -> _Evidence | None:
+        """The closest calibrated fit: this GPU first, then any GPU; this setting, then its relatives."""
+        relatives = [(setting, "")]
+        relatives += [(setting.with_(alloc_conf=conf), f"calibrated with PYTORCH_CUDA_ALLOC_CONF='{conf}'")
+                      for conf in self._alloc_confs if conf != setting.alloc_conf]
+        if setting.world_size > 1:
+            relatives.append((setting.with_(gpus=1, nodes=1), "memory from the 1-GPU calibration plus the analytic change of partitioned states"))
+        for candidate, note in relatives:
+            for fit_gpu in self._gpu_order(gpu):
+                fit = self._lookup(candidate, fit_gpu)
+                if fit is None:
+                    fit = self._other_length(candidate, fit_gpu)
+                    if fit is None:
+                        continue
+                    note = "; ".join(filter(None, [note, f"fit at sequence length(s) {fit.seq_lens}, shifted by the prior to {setting.seq_len}"]))
+                    candidate = candidate.with_(seq_len=min(fit.seq_lens, key=lambda s: abs(s - setting.seq_len)))
+                if fit_gpu != gpu:
+                    note = "; ".join(filter(None, [note, f"calibrated on {fit_gpu.name}: memory kept, time scaled by throughput and bandwidth"]))
+                return _Evidence(fit, candidate, fit_gpu, note)
+        return None
+
+    def _gpu_order(self, gpu: GpuSpec) -> list[GpuSpec]:
+        others = sorted({g for g in self._fit_gpus.values() if g != gpu}, key=lambda g: g.name)
+        return [gpu, *others]
+
+    def _lookup(self, setting: Setting, gpu: GpuSpec) -> SettingFit | None:
+        for raw_name, canonical in self._fit_gpus.items():
+            if canonical == gpu:
+                fit = self._fits.lookup(setting, raw_name)
+                if fit is not None:
+                    return fit
+        return None
+
+    def _other_length(self, setting: Setting, gpu: GpuSpec) -> SettingFit | None:
+        """A fit of the same setting at other sequence lengths (one length only; several would cover it)."""
+        lengths = sorted({r["seq_len"] for r in self._records if r.get("model") == setting.model}, key=lambda s: abs(s - setting.seq_len))
+        for length in lengths:
+            fit = self._lookup(setting.with_(seq_len=length), gpu)
+            if fit is not None:
+                return fit
+        return None
+
+    def _canonical_fit_gpus(self) -> dict[str, GpuSpec]:
+        """Record GPU names (e.g. 'NVIDIA H200') mapped to catalog cards; unknown cards are left out."""
+        found = {}
+        for name in sorted({fit.gpu_name for fit in self._fits.fits}):
+            try:
+                found[name] = find_gpu(name, self._catalog)
+            except FtplanError:
+                continue
+        return found
+
+    def _links_for(self, gpu: GpuSpec) -> Links:
+        """The user's links, else the catalog's for this card's interconnect and a plain cloud network between nodes."""
+        if self._links is not None:
+            return self._links
+        if gpu.interconnect not in self._catalog_links:
+            try:
+                links = links_from_catalog(intra=gpu.interconnect, inter=DEFAULT_INTER_NODE_LINK)
+            except FtplanError:
+                links = links_from_catalog(inter=DEFAULT_INTER_NODE_LINK)
+            self._catalog_links[gpu.interconnect] = links
+        return self._catalog_links[gpu.interconnect]
+
+    def _with_communication(self, setting: Setting, gpu: GpuSpec, seconds: Estimate, prior: PriorEstimate) -> Estimate:
+        arch = cached_architecture(setting.model)
+        traffic = step_traffic(setting, arch.params_total, arch.trainable_params(setting.lora_rank, setting.lora_targets))
+        links = self._links_for(gpu)
+        if links not in self._overlaps:
+            self._overlaps[links] = estimate_overlap(self._records, links).overlap
+        overlap, cv = self._overlaps[links], self._step_time_cv
+
+        def total(compute: float) -> float:
+            return data_parallel_step_seconds(compute, traffic.gradient_bytes, setting.gpus, setting.nodes, links,
+                                              overlap, cv, gathered_parameter_bytes=traffic.gathered_parameter_bytes,
+                                              offloaded_bytes=traffic.offloaded_bytes)
+        return Estimate(total(seconds.mean), total(seconds.upper))
+
+    def _communication_note(self, setting: Setting) -> str:
+        where = f"{setting.gpus} GPUs x {setting.nodes} nodes" if setting.nodes > 1 else f"{setting.gpus} GPUs"
+        return f"step time adds modelled gradient communication over {where}"
+
+
+def _shift(estimate: Estimate, delta: float) -> Estimate:
+    return replace(estimate, mean=estimate.mean + delta, upper=estimate.upper + delta)
+
+
+def _transfer_time(measured: Estimate, base: PriorEstimate, target: PriorEstimate) -> Estimate:
+    """Scale a measured time from the calibrated case to the asked one, part by part, by the prior's ratios:
+    compute by FLOPs over throughput, the optimizer step by its own (bandwidth- or CPU-bound) estimate."""
+    if base.seconds_per_step <= 0:
+        return measured
+    compute_share = base.compute_seconds / base.seconds_per_step
+    ratio = (compute_share * target.compute_seconds / max(base.compute_seconds, 1e-12)
+             + (1 - compute_share) * target.optimizer_seconds / max(base.optimizer_seconds, 1e-12))
+    return Estimate(measured.mean * ratio, measured.upper * ratio)

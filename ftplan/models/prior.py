@@ -1,0 +1,391 @@
+"""The analytic prior: per-GPU peak memory and step time from the architecture and setting alone.
+
+Memory is the largest of three phase peaks, each built from models/bytes_per_param.py and
+models/activations.py:
+  backward start = resident states + autocast copies + early lm_head gradient + batch·(activations + loss)
+  backward end   = resident states + all gradients
+  optimizer step = resident states + all gradients + step temporaries
+so the curve in batch is convex and piecewise linear. Time is a per-step overhead, plus per sample
+the matmul FLOPs over the GPU's bf16 dense throughput × MFU and the unfused loss's logit traffic
+over its memory bandwidth (`ComputeRate`), plus the optimizer step (GPU: memory-bandwidth bound;
+offloaded: CPU Adam).
+
+Where calibration records exist, `fit_constants` learns the free constants from them (a scale on
+the static and on the per-sample memory term, the reserved/allocated ratio, the compute rate from
+the ladders' large-batch slopes, the per-step overhead and CPU-Adam speed);
+the defaults below are only for when there are none, and each says where it came from.
+"""
+
+from __future__ import annotations
+
+import statistics
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ftplan.core.architecture import Architecture, cached_architecture
+from ftplan.core.errors import FtplanError
+from ftplan.core.hardware import GpuSpec, find_gpu
+from ftplan.core.settings import Setting
+from ftplan.models.activations import (
+    activations_bytes_per_token,
+    liger_lm_head_grad_bytes,
+    loss_bytes_per_token,
+)
+from ftplan.models.bytes_per_param import frozen_param_bytes, trainable_param_bytes
+from ftplan.models.curve import fit_convex_curve
+from ftplan.models.wall import healthy_points
+
+# Defaults, used only when no calibration record is available: the values fit_constants learns from
+# the public measurements in ../shared/external/seed000 (gpjt/fine-tune-2024-04: Qwen1.5-0.5B on an
+# RTX 3090, Llama-3-8B on 8×A100, HF Trainer + DeepSpeed ZeRO-2/3, fp16), as printed by
+# `python -m benchmarks.prior_accuracy`. The memory scales stay 1.0: the bare tensor count.
+DEFAULT_MFU = 0.49
+DEFAULT_LOSS_BYTES_PER_LOGIT = 0.0    # not identifiable there: no Liger ladder (see fit_compute_rate)
+DEFAULT_STEP_OVERHEAD_SECONDS = 0.0   # their steps are compute-bound (the median excess is negative)
+DEFAULT_FRAGMENTATION = 1.29
+DEFAULT_CPU_ADAM_SECONDS_PER_PARAM = 8.8e-10
+# Relative upper-bound half-widths of the uncorrected prior: its largest errors on those public
+# measurements (allocated −28%, reserved −34%, time −32%), rounded up.
+DEFAULT_MEMORY_MARGIN = 0.30
+DEFAULT_RESERVED_MARGIN = 0.35
+DEFAULT_TIME_MARGIN = 0.35
+# AdamW reads weight, gradient and two moments and writes weight and both moments: 7 fp32 arrays.
+ADAM_BYTES_TOUCHED_PER_PARAM = 28
+MIN_RECORDS_TO_FIT = 2
+UPPER_QUANTILE = 0.95
+
+
+@dataclass(frozen=True)
+class MemoryTerms:
+    """Per-GPU bytes of each phase; only the backward-start phase grows with the batch."""
+
+    backward_start_static: float
+    per_sample: float
+    backward_end: float
+    optimizer_step: float
+
+    def peak(self, batch: int, static_scale: float = 1.0, sample_scale: float = 1.0) -> float:
+        return max(static_scale * self.backward_start_static + sample_scale * self.per_sample * batch,
+                   static_scale * self.backward_end, static_scale * self.optimizer_step)
+
+    def features(self, batch: int) -> tuple[float, float]:
+        """(static, per-sample·batch) bytes of the phase that governs at this batch, for fitting scales."""
+        if self.backward_start_static + self.per_sample * batch >= max(self.backward_end, self.optimizer_step):
+            return self.backward_start_static, self.per_sample * batch
+        return max(self.backward_end, self.optimizer_step), 0.0
+
+
+def memory_terms(arch: Architecture, setting: Setting) -> MemoryTerms:
+    """The phase terms of the per-GPU peak for one setting (see the module docstring)."""
+    trainable = arch.trainable_params(setting.lora_rank, setting.lora_targets)
+    frozen = arch.params_total if setting.lora_rank else 0
+    tb, fb = trainable_param_bytes(setting), frozen_param_bytes(setting)
+    resident = trainable * tb.resident + frozen * fb.resident
+    matmul_params = arch.layers * arch.params_per_layer() + arch.vocab * arch.hidden
+    copies = matmul_params * (fb if setting.lora_rank else tb).autocast_copies  # the matmul weights are the frozen base under LoRA
+    early_grad = 0 if setting.lora_rank else arch.vocab * arch.hidden * tb.gradients
+    gathered = 0.0
+    if setting.zero_stage == 3:
+        gathered = (arch.vocab * arch.hidden + arch.params_per_layer()) * tb.weights * (setting.world_size - 1)
+    per_token = activations_bytes_per_token(arch, setting) + loss_bytes_per_token(arch, setting)
+    gradients = trainable * tb.gradients
+    return MemoryTerms(
+        backward_start_static=resident + copies + early_grad + gathered + liger_lm_head_grad_bytes(arch, setting),
+        per_sample=per_token * setting.seq_len,
+        backward_end=resident + gradients,
+        optimizer_step=resident + gradients + trainable * tb.step_temporaries,
+    )
+
+
+def _flops_per_sample(arch: Architecture, setting: Setting) -> float:
+    """Matmul FLOPs of one sample on one GPU: 2·params·tokens forward, as much again for activation
+    gradients and (full fine-tuning only) for weight gradients, +1 forward when checkpointing: 6·P·T,
+    8·P·T with checkpointing, 4·P·T for LoRA. Causal flash attention adds 2·seq·q_width per token per
+    layer forward (half of the full square) and twice that backward."""
+    matmul_params = arch.layers * arch.params_per_layer() + arch.vocab * arch.hidden
+    forward = 2 * matmul_params * setting.seq_len
+    attention_forward = 2 * setting.seq_len * arch.heads * arch.head_dim * arch.layers * setting.seq_len
+    weight_grads = 0 if setting.lora_rank else forward
+    recompute = forward + attention_forward if setting.gradient_checkpointing else 0
+    return 2 * forward + weight_grads + 3 * attention_forward + recompute
+
+
+def optimizer_seconds(arch: Architecture, setting: Setting, gpu: GpuSpec, cpu_adam_seconds_per_param: float) -> float:
+    """One optimizer step over this rank's partition: bandwidth-bound on the GPU, CPU Adam when offloaded."""
+    partition = setting_terms(arch, setting).optimizer_params
+    if setting.offload_optimizer:
+        return partition * cpu_adam_seconds_per_param
+    return partition * ADAM_BYTES_TOUCHED_PER_PARAM / (gpu.memory_bandwidth_gbs * 1e9)
+
+
+def logit_elements_per_sample(arch: Architecture, setting: Setting) -> int:
+    """Logit entries one sample materialises: the unfused loss reads and writes them several times
+    in fp32 (upcast, log-softmax, their gradients), memory-bound traffic that FLOPs do not count.
+    Liger's fused linear cross-entropy never builds them."""
+    return 0 if setting.liger else setting.seq_len * arch.vocab
+
+
+@dataclass(frozen=True)
+class ComputeRate:
+    """What one more sample costs a compute-bound step: matmul FLOPs at an achieved share (MFU) of the
+    GPU's bf16 dense peak, plus the unfused loss's traffic over the GPU's memory bandwidth.
+
+    Learned from the large-batch slopes of calibrated ladders (`fit_compute_rate`), so it sees the
+    per-sample cost that a setting's own launch-bound small batches hide.
+    """
+
+    mfu: float
+    loss_bytes_per_logit: float
+    n_ladders: int
+
+    def seconds_per_sample(self, arch: Architecture, setting: Setting, gpu: GpuSpec) -> float:
+        flops = setting_terms(arch, setting).flops_per_sample / (gpu.bf16_dense_tflops * 1e12 * self.mfu)
+        traffic = logit_elements_per_sample(arch, setting) * self.loss_bytes_per_logit / (gpu.memory_bandwidth_gbs * 1e9)
+        return flops + traffic
+
+    def to_json(self) -> dict:
+        return {"mfu": self.mfu, "loss_bytes_per_logit": self.loss_bytes_per_logit, "n_ladders": self.n_ladders}
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> ComputeRate | None:
+        if data is None:
+            return None
+        return cls(float(data["mfu"]), float(data["loss_bytes_per_logit"]), int(data["n_ladders"]))
+
+
+@dataclass(frozen=True)
+class LadderSlope:
+    """Seconds per extra sample at the top of one calibrated ladder (one setting, length and GPU)."""
+
+    arch: Architecture
+    setting: Setting
+    gpu: GpuSpec
+    seconds_per_sample: float
+
+
+def ladder_slopes(records: list[dict]) -> list[LadderSlope]:
+    """Seconds per extra sample at the top of each sequence length's healthy ladder in one setting
+    on one GPU (the steepest line of its convex fit); CPU runs and unknown GPUs or architectures give none."""
+    healthy, _ = healthy_points(records)
+    slopes = []
+    for seq in sorted({r["seq_len"] for r in healthy}):
+        timed = [r for r in healthy if r["seq_len"] == seq and r.get("seconds_per_step") and r.get("device") != "cpu"]
+        if len({r["micro_batch"] for r in timed}) < 2:
+            continue
+        try:
+            arch, gpu = cached_architecture(timed[0]["model"]), find_gpu(str(timed[0].get("gpu_name")))
+        except FtplanError:
+            continue
+        curve = fit_convex_curve([r["micro_batch"] for r in timed], [seq] * len(timed),
+                                 [r["seconds_per_step"] for r in timed], floor_fraction=0.0)
+        slopes.append(LadderSlope(arch, Setting.from_dict(timed[0]), gpu, max(line.slopes[0] for line in curve.lines)))
+    return slopes
+
+
+# Below this many ladders the loss traffic is not fitted: MFU alone.
+MIN_LADDERS_FOR_LOSS_TRAFFIC = 3
+
+
+def fit_compute_rate(slopes: list[LadderSlope]) -> ComputeRate | None:
+    """MFU and loss traffic explaining the ladders' slopes, each ladder weighted by its relative error.
+
+    Both enter linearly (seconds = FLOPs/(peak·MFU) + logits·bytes/bandwidth), so a non-negative least
+    squares in (1/MFU, bytes) fits them. The two are told apart only by ladders with and without the
+    unfused loss (Liger's fused loss builds no logits); otherwise, or with few ladders, MFU alone: on
+    the public RTX 3090 ladders (one model, all unfused) a two-term fit gave MFU 0.79 and 240 bytes
+    per logit, an artefact of collinearity.
+    """
+    slopes = [s for s in slopes if s.seconds_per_sample > 0]
+    if not slopes:
+        return None
+    flop_seconds = np.array([setting_terms(s.arch, s.setting).flops_per_sample / (s.gpu.bf16_dense_tflops * 1e12)
+                             for s in slopes])
+    logit_seconds = np.array([logit_elements_per_sample(s.arch, s.setting) / (s.gpu.memory_bandwidth_gbs * 1e9)
+                              for s in slopes])
+    measured = np.array([s.seconds_per_sample for s in slopes])
+    if len(slopes) >= MIN_LADDERS_FOR_LOSS_TRAFFIC and logit_seconds.any() and not logit_seconds.all():
+        weight = 1 / measured
+        features = np.column_stack([flop_seconds, logit_seconds]) * weight[:, None]
+        from sklearn.linear_model import (
+            LinearRegression,  # lazy: a cached plan never fits
+        )
+
+        inverse_mfu, loss_bytes = LinearRegression(fit_intercept=False, positive=True).fit(
+            features, measured * weight).coef_
+        if inverse_mfu > 0:
+            return ComputeRate(float(1 / inverse_mfu), float(loss_bytes), len(slopes))
+    return ComputeRate(float(np.median(flop_seconds / measured)), 0.0, len(slopes))
+
+
+@dataclass(frozen=True)
+class SettingTerms:
+    """Everything of the prior that depends only on architecture and setting, computed once per setting."""
+
+    memory: MemoryTerms
+    flops_per_sample: float
+    optimizer_params: float  # trainable parameters this rank's optimizer updates
+
+
+_TERMS: dict[tuple[str, str, Setting], SettingTerms] = {}
+
+
+def setting_terms(arch: Architecture, setting: Setting) -> SettingTerms:
+    key = (arch.id, arch.hash, setting)
+    if key not in _TERMS:
+        trainable = arch.trainable_params(setting.lora_rank, setting.lora_targets)
+        _TERMS[key] = SettingTerms(memory_terms(arch, setting), _flops_per_sample(arch, setting),
+                                   trainable / setting.world_size if setting.uses_deepspeed else trainable)
+    return _TERMS[key]
+
+
+@dataclass(frozen=True)
+class PriorConstants:
+    """The prior's free constants; `scope` says which calibrations they were learned from."""
+
+    static_scale: float = 1.0
+    sample_scale: float = 1.0
+    fragmentation: float = DEFAULT_FRAGMENTATION
+    mfu: float = DEFAULT_MFU
+    loss_bytes_per_logit: float = DEFAULT_LOSS_BYTES_PER_LOGIT
+    step_overhead_seconds: float = DEFAULT_STEP_OVERHEAD_SECONDS
+    cpu_adam_seconds_per_param: float = DEFAULT_CPU_ADAM_SECONDS_PER_PARAM
+    memory_margin: float = DEFAULT_MEMORY_MARGIN
+    reserved_margin: float = DEFAULT_RESERVED_MARGIN
+    time_margin: float = DEFAULT_TIME_MARGIN
+    scope: str = "documented defaults (no calibration)"
+    n_records: int = 0
+
+
+@dataclass(frozen=True)
+class PriorEstimate:
+    """Mean per-GPU bytes and seconds of the prior; the step time split into compute and optimizer step."""
+
+    peak_allocated: float
+    peak_reserved: float
+    seconds_per_step: float
+    compute_seconds: float
+    optimizer_seconds: float
+
+
+def prior_estimate(arch: Architecture, setting: Setting, batch: int, gpu: GpuSpec,
+                   constants: PriorConstants = PriorConstants()) -> PriorEstimate:
+    """The corrected prior for one case; no communication time (the caller adds it for world_size > 1).
+
+    Compute is a per-step overhead (launches, Trainer bookkeeping) plus batch × the compute rate's
+    seconds per sample (FLOPs at the MFU, and the unfused loss's memory traffic)."""
+    allocated = setting_terms(arch, setting).memory.peak(batch, constants.static_scale, constants.sample_scale)
+    rate = ComputeRate(constants.mfu, constants.loss_bytes_per_logit, 0)
+    compute = constants.step_overhead_seconds + batch * rate.seconds_per_sample(arch, setting, gpu)
+    optimizer = optimizer_seconds(arch, setting, gpu, constants.cpu_adam_seconds_per_param)
+    return PriorEstimate(allocated, allocated * constants.fragmentation, compute + optimizer, compute, optimizer)
+
+
+@dataclass(frozen=True)
+class _Observation:
+    arch: Architecture
+    setting: Setting
+    batch: int
+    gpu: GpuSpec
+    allocated: float
+    reserved: float | None
+    seconds: float | None
+
+
+def _observations(records: Iterable[dict], catalog: dict[str, GpuSpec] | None) -> list[_Observation]:
+    """Usable GPU measurements: ok, on CUDA, a known architecture and GPU, a measured peak."""
+    found, gpus = [], {}
+    for record in records:
+        if record.get("status") != "ok" or record.get("device", "cuda") != "cuda" or not record.get("peak_allocated_bytes"):
+            continue
+        try:
+            observation = _Observation(
+                arch=cached_architecture(record["model"]), setting=Setting.from_dict(record),
+                batch=int(record["micro_batch"]), gpu=gpus.get(record.get("gpu_name")) or find_gpu(str(record.get("gpu_name", "")), catalog),
+                allocated=float(record["peak_allocated_bytes"]), reserved=record.get("peak_reserved_bytes"),
+                seconds=record.get("seconds_per_step"))
+        except (FtplanError, KeyError, TypeError, ValueError) as exc:
+            warnings.warn(f"{record.get('_source', 'record')}: not used by the prior ({exc})", stacklevel=2)
+            continue
+        gpus[record.get("gpu_name")] = observation.gpu
+        found.append(observation)
+    return found
+
+
+def fit_constants(records: Iterable[dict], catalog: dict[str, GpuSpec] | None = None, scope: str = "calibrations") -> PriorConstants:
+    """Learn the prior's constants from calibration records; defaults where too few records inform one."""
+    records = list(records)
+    observations = _observations(records, catalog)
+    if len(observations) < MIN_RECORDS_TO_FIT:
+        return PriorConstants()
+    terms = [setting_terms(o.arch, o.setting).memory for o in observations]
+    features = np.array([t.features(o.batch) for t, o in zip(terms, observations)])
+    measured = np.array([o.allocated for o in observations])
+    static_scale, sample_scale = _memory_scales(features, measured)
+    predicted = np.array([t.peak(o.batch, static_scale, sample_scale) for t, o in zip(terms, observations)])
+    memory_margin = _upper_margin(measured / predicted - 1, DEFAULT_MEMORY_MARGIN)
+
+    has_reserved = np.array([bool(o.reserved) for o in observations])
+    reserved = np.array([float(o.reserved or 0) for o in observations])[has_reserved]
+    fragmentation = float(np.median(reserved / measured[has_reserved])) if has_reserved.any() else DEFAULT_FRAGMENTATION
+    reserved_margin = _upper_margin(reserved / (predicted[has_reserved] * fragmentation) - 1, DEFAULT_RESERVED_MARGIN)
+
+    time = _time_constants([o for o in observations if o.seconds], _all_ladder_slopes(records))
+    return PriorConstants(static_scale=static_scale, sample_scale=sample_scale, fragmentation=fragmentation,
+                          memory_margin=memory_margin, reserved_margin=reserved_margin, scope=scope,
+                          n_records=len(observations), **time)
+
+
+def _all_ladder_slopes(records: list[dict]) -> list[LadderSlope]:
+    """Ladder slopes of every (setting, GPU) among the records."""
+    ladders: dict[tuple[str, str], list[dict]] = {}
+    for record in records:
+        if record.get("status") == "ok" and record.get("setting_key"):
+            ladders.setdefault((record["setting_key"], str(record.get("gpu_name"))), []).append(record)
+    return [slope for ladder in ladders.values() for slope in ladder_slopes(ladder)]
+
+
+def _memory_scales(features: np.ndarray, measured: np.ndarray) -> tuple[float, float]:
+    """Non-negative scales (static, per-sample) minimising the squared error; 1.0 for a term the data cannot see."""
+    if not features[:, 1].any():
+        return float(np.median(measured / features[:, 0])), 1.0
+    from scipy.optimize import (
+        nnls,  # what positive least squares runs on, without scikit-learn's import cost
+    )
+
+    coefficients, _ = nnls(features, measured)
+    static, sample = (float(c) if c > 0 else 1.0 for c in coefficients)
+    return static, sample
+
+
+def _time_constants(observations: list[_Observation], slopes: list[LadderSlope]) -> dict:
+    """The compute rate from the ladders' large-batch slopes; the per-step overhead as the median of
+    what runs with the optimizer on the GPU spent beyond it; CPU-Adam speed from offloaded runs;
+    and the time margin."""
+    rate = fit_compute_rate(slopes) or ComputeRate(DEFAULT_MFU, DEFAULT_LOSS_BYTES_PER_LOGIT, 0)
+
+    def beyond_compute(o: _Observation) -> float:
+        return o.seconds - o.batch * rate.seconds_per_sample(o.arch, o.setting, o.gpu)
+
+    on_gpu = [o for o in observations if not o.setting.offload_optimizer]
+    overheads = [beyond_compute(o) - optimizer_seconds(o.arch, o.setting, o.gpu, 0.0) for o in on_gpu]
+    overhead = max(0.0, statistics.median(overheads)) if overheads else DEFAULT_STEP_OVERHEAD_SECONDS
+    speeds = [(beyond_compute(o) - overhead) / setting_terms(o.arch, o.setting).optimizer_params
+              for o in observations if o.setting.offload_optimizer and beyond_compute(o) > overhead]
+    time = {"mfu": rate.mfu, "loss_bytes_per_logit": rate.loss_bytes_per_logit, "step_overhead_seconds": overhead,
+            "cpu_adam_seconds_per_param": statistics.median(speeds) if speeds else DEFAULT_CPU_ADAM_SECONDS_PER_PARAM}
+    if not observations:
+        return {**time, "time_margin": DEFAULT_TIME_MARGIN}
+    constants = PriorConstants(**time)
+    errors = [o.seconds / prior_estimate(o.arch, o.setting, o.batch, o.gpu, constants).seconds_per_step - 1
+              for o in observations]
+    return {**time, "time_margin": _upper_margin(np.array(errors), DEFAULT_TIME_MARGIN)}
+
+
+def _upper_margin(relative_errors: np.ndarray, default: float) -> float:
+    """Relative half-width covering ~95% of the fitted records' errors; at least the default when few records."""
+    if len(relative_errors) < 10:
+        return max(default, float(np.max(np.abs(relative_errors), initial=0.0)))
+    return float(np.quantile(np.abs(relative_errors), UPPER_QUANTILE))

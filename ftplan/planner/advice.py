@@ -1,0 +1,204 @@
+"""Why the recommended setup wins, and how far to trust it, in sentences a user can act on.
+
+Each reason compares the recommendation with its twin that differs in one switch (optimizer offload,
+Liger, gradient checkpointing), so the user sees what that switch costs or buys on this run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ftplan.core.architecture import cached_architecture, load_architecture
+from ftplan.core.settings import Setting
+from ftplan.core.units import GIB
+from ftplan.models.host_memory import host_bytes_per_node
+from ftplan.models.prediction import (
+    SOURCE_CALIBRATED,
+    SOURCE_EXTRAPOLATED,
+    SOURCE_PRIOR,
+)
+from ftplan.planner.eta import format_duration
+from ftplan.planner.search import NEAR_TIE, Plan, PlanRequest, SetupPlan
+
+
+@dataclass(frozen=True)
+class Switch:
+    name: str
+    field: str
+    why: str
+
+
+SWITCHES = (
+    Switch("optimizer offload", "offload_optimizer",
+           "offload keeps optimizer states and the Adam step on the CPU: it frees GPU memory but pays "
+           "PCIe transfers and CPU compute on every step"),
+    Switch("Liger", "liger",
+           "Liger's fused linear cross-entropy never materialises the logits, so per-sample memory falls "
+           "and its gain grows with batch size"),
+    Switch("gradient checkpointing", "gradient_checkpointing",
+           "checkpointing recomputes the forward pass during backward: about a third more compute per "
+           "step for far less activation memory"),
+)
+
+
+def _twin(plan: Plan, setup: SetupPlan, switch: Switch) -> SetupPlan | None:
+    """The best-ranked setup equal to `setup` except for this switch (any ZeRO stage when it is offload)."""
+    flipped = not getattr(setup.setting, switch.field)
+    ignore = {switch.field} | ({"zero_stage"} if switch.field == "offload_optimizer" else set())
+    mine = {k: v for k, v in setup.setting.to_dict().items() if k not in ignore}
+    for candidate in [*plan.ranked, *plan.too_slow, *plan.unfit]:
+        theirs = candidate.setting.to_dict()
+        if theirs[switch.field] == flipped and all(theirs[k] == v for k, v in mine.items()):
+            return candidate
+    return None
+
+
+def _compare(plan: Plan, rec: SetupPlan, switch: Switch) -> str | None:
+    twin = _twin(plan, rec, switch)
+    if twin is None:
+        return None
+    state = "on" if getattr(rec.setting, switch.field) else "off"
+    usable = plan.request.budget.usable_bytes / GIB
+    if twin.host_short:
+        return f"{switch.name} {state}: without that, {host_shortfall(twin, plan.request)}. {switch.why}."
+    if not twin.fits:
+        need = twin.at_batch_one.peak_reserved.upper / GIB
+        return (f"{switch.name} {state}: without that, not even batch 1 fits "
+                f"({need:.1f} GiB > {usable:.1f} GiB usable). {switch.why}.")
+    ours, theirs = rec.best, twin.best
+    if twin.eta.total_seconds <= rec.eta.total_seconds * (1 + NEAR_TIE):
+        verdict = f"within {NEAR_TIE:.0%}, it makes no real difference on this run"
+    elif rec.batch > twin.batch and ours.seconds_per_step.mean >= theirs.seconds_per_step.mean:
+        verdict = "the larger batch outweighs the slower step"
+    elif rec.batch <= twin.batch and ours.seconds_per_step.mean < theirs.seconds_per_step.mean:
+        verdict = "the faster step outweighs the other's batch"
+    else:
+        verdict = "fewer steps and time per sample decide it"
+    return (f"{switch.name} {state}: batch {rec.batch} at {ours.seconds_per_step.mean:.2f} s/step, "
+            f"{format_duration(rec.eta.total_seconds)} in total, against batch {twin.batch} at "
+            f"{theirs.seconds_per_step.mean:.2f} s/step, {format_duration(twin.eta.total_seconds)} "
+            f"with it {'off' if state == 'on' else 'on'}; {verdict}. {switch.why}.")
+
+
+def _training_note(plan: Plan, rec: SetupPlan) -> str:
+    """Full fine-tuning and LoRA are different trainings: say what LoRA trades, and name the best of the other."""
+    arch = load_architecture(plan.request.base.model)
+    other_kind = "full" if rec.training == "lora" else "lora"
+    other = next((s for s in plan.ranked if s.training == other_kind), None)
+    if rec.training == "lora":
+        trainable = arch.lora_params(rec.setting.lora_rank, rec.setting.lora_targets)
+        note = (f"LoRA r={rec.setting.lora_rank} trains {trainable:,} of {arch.params_total:,} parameters "
+                f"({trainable / arch.params_total:.2%}): less memory and traffic, but it is a different training "
+                "(low-rank adapters, frozen base weights) that can fall short of full fine-tuning on large "
+                "domain shifts.")
+    else:
+        note = f"Full fine-tuning updates all {arch.params_total:,} parameters."
+    if other is not None:
+        flag = "--full" if other_kind == "full" else "--lora"
+        note += (f" Best {'full fine-tuning' if other_kind == 'full' else 'LoRA'} setup: {other.label}, "
+                 f"batch {other.batch}, {format_duration(other.eta.total_seconds)}"
+                 + (f", needing at least {other.host_bytes / GIB:,.1f} GiB of host RAM per node for its offload"
+                    if other.host_bytes else "")
+                 + f" ({flag} to recommend among those).")
+    return note
+
+
+def reasons(plan: Plan) -> list[str]:
+    """Why the recommendation wins: its headline, one comparison per switch, and what LoRA trades."""
+    rec = plan.recommended
+    if rec is None:
+        return []
+    metric = "cheapest" if plan.request.by == "cost" else "fastest"
+    kind = {"any": "", "full": " full fine-tuning", "lora": " LoRA"}[plan.request.training]
+    fastest = plan.fastest
+    standing = (f"the {metric}{kind} setup that fits" if fastest is rec
+                else f"the best-measured{kind} setup within {NEAR_TIE:.0%} of the {metric}")
+    lines = [f"{rec.label} is {standing}: batch {rec.batch} per GPU, "
+             f"{rec.eta.steps:,} steps × {rec.eta.seconds_per_step:.2f} s = {format_duration(rec.eta.total_seconds)}"
+             + (f", {rec.eta.cost:,.2f} in total" if rec.eta.cost is not None else "") + "."]
+    if fastest is not rec:
+        lines.append(f"{fastest.label} is predicted {format_duration(fastest.eta.total_seconds)} "
+                     f"({fastest.best.source}), within the time model's {NEAR_TIE:.0%} uncertainty of this "
+                     f"({rec.best.source}): the better-measured setup is recommended.")
+    lines += [line for switch in SWITCHES if (line := _compare(plan, rec, switch))]
+    lines.append(_training_note(plan, rec))
+    return lines
+
+
+def warnings_for(plan: Plan) -> list[str]:
+    """How far to trust the recommendation: extrapolation, the prior alone, or nothing to recommend."""
+    rec = plan.recommended
+    if rec is None:
+        limit = plan.request.max_hours
+        kind = {"any": "", "full": "full fine-tuning ", "lora": "LoRA "}[plan.request.training]
+        why = f" within {limit:g} h" if limit is not None else ""
+        return [f"no {kind}setup fits and finishes{why}; see the lists below the table"]
+    found = []
+    if rec.best.source == SOURCE_EXTRAPOLATED:
+        found.append(f"batch {rec.batch} lies outside the calibrated batch range of {rec.label}: "
+                     "memory and time are extrapolated; confirm with a short run before committing")
+    elif rec.best.source == SOURCE_PRIOR:
+        found.append(f"{rec.label} was never calibrated on this GPU: the recommendation rests on the "
+                     "analytic prior alone; run `ftplan calibrate` for it before committing")
+    if rec.setting.offload_optimizer:
+        have = plan.request.host_memory_gib
+        found.append(f"{rec.label} offloads the optimizer: each node needs at least {rec.host_bytes / GIB:,.1f} GiB "
+                     "of host RAM for offloaded optimizer states, master weights and gradients, plus the process "
+                     "itself (not modelled); "
+                     + ("pass --host-memory-gib to check your hosts" if have is None
+                        else f"your hosts have {have:g} GiB"))
+    return found
+
+
+def notes_for(plan: Plan) -> list[str]:
+    """Where the recommendation's numbers come from (the predictor's notes), minus what a warning already says."""
+    rec = plan.recommended
+    if rec is None:
+        return []
+    return [note for note in rec.best.notes
+            if not (rec.best.source == SOURCE_EXTRAPOLATED and note.endswith(": extrapolated"))]
+
+
+# Host memory of the machine that ran the shipped H200 calibrations (data/calibrations/README.md).
+SHIPPED_CALIBRATION_HOST_GIB = 125
+
+
+def host_shortfall(setup: SetupPlan, request: PlanRequest) -> str:
+    """Why an offload setup cannot run on the user's hosts, in the words the lists and reasons share."""
+    return (f"needs {setup.host_bytes / GIB:,.1f} GiB of host RAM per node for offloaded optimizer states; "
+            f"you have {request.host_memory_gib:g}")
+
+
+def failed_like(setting: Setting, failed: dict[Setting, str]) -> str | None:
+    """Why the calibration trial of this setting (on one GPU) failed, or None when it did not."""
+    return failed.get(setting.with_(gpus=1, nodes=1))
+
+
+def source_label(setup: SetupPlan, failed: dict[Setting, str]) -> str:
+    """How a row's numbers were obtained, in words a user cannot misread as a measurement."""
+    if failed_like(setup.setting, failed):
+        return "unmeasured: trial failed"
+    source = (setup.best or setup.at_batch_one).source
+    return {SOURCE_CALIBRATED: "measured", SOURCE_PRIOR: "prior, unmeasured"}.get(source, source)
+
+
+def unmeasured_notes(plan: Plan, failed: dict[Setting, str]) -> list[str]:
+    """Why some rows rest on the prior: a calibration trial that failed, and what offload asks of the host."""
+    notes = []
+    for setting, why in failed.items():
+        if setting.model != plan.request.base.model or setting.seq_len != plan.request.base.seq_len:
+            continue
+        line = (f"{setting.label()} was calibrated but its trial failed ({why}); rows marked 'trial failed' "
+                "are the prior's guess for it")
+        if setting.offload_optimizer:
+            need = host_bytes_per_node(cached_architecture(setting.model), setting) / GIB
+            line += (f". Its CPU offload pins at least {need:,.1f} GiB of host RAM on one GPU "
+                     "(fp32 master weights, fp32 gradients, Adam moments and a half-precision buffer, "
+                     "models/host_memory.py)")
+            if "host out of memory" in why:
+                line += (f", more than the host had (the shipped H200 calibration host has "
+                         f"{SHIPPED_CALIBRATION_HOST_GIB} GiB and its OOM killer ended the 8B offload trial)")
+            line += (". Offload rows show the host RAM they need per node; --host-memory-gib leaves out those "
+                     "your hosts cannot hold")
+        notes.append(line + ".")
+    return notes

@@ -1,0 +1,87 @@
+"""The `ftplan` command: a thin click layer over library functions.
+
+Every user-facing failure is an FtplanError or a click usage error, printed as one line with a
+non-zero exit; warnings (skipped records, extrapolation) are printed as one line each on stderr.
+Subcommands are imported only when run, so `ftplan gpus` or `--help` never pays for scikit-learn,
+pandas or the network calibration.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import warnings
+
+import click
+
+from ftplan.core.errors import FtplanError
+
+EXIT_USER_ERROR = 2
+
+# name -> "module:attribute", in the order `ftplan --help` lists them
+SUBCOMMANDS = {
+    "models": "ftplan.planner.commands.models:command",
+    "calibrate": "ftplan.planner.commands.calibrate:command",
+    "calibrate-network": "ftplan.planner.commands.calibrate_network:command",
+    "fit": "ftplan.planner.commands.fit:command",
+    "predict": "ftplan.planner.commands.predict:command",
+    "plan": "ftplan.planner.commands.plan:command",
+    "eta": "ftplan.planner.commands.eta:command",
+    "report": "ftplan.planner.commands.report:command",
+    "gpus": "ftplan.planner.commands.gpus:command",
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use."""
+
+    def __init__(self, *args, lazy: dict[str, str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self._lazy = lazy
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*self._lazy, *sorted(set(super().list_commands(ctx)) - set(self._lazy))]
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self._lazy:
+            return super().get_command(ctx, name)
+        module, attribute = self._lazy[name].split(":")
+        return getattr(importlib.import_module(module), attribute)
+
+
+@click.group(cls=LazyGroup, lazy=SUBCOMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ftplan")
+def cli() -> None:
+    """Plan LLM fine-tuning: will it fit, which setup is fastest, how long will it take."""
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    click.echo(f"warning: {message}", err=True)
+
+
+def _usage_line(exc: click.UsageError) -> str:
+    """click's message on one line, pointing at the subcommand's help instead of printing the usage block."""
+    message = " ".join(exc.format_message().split())
+    command = exc.ctx.command_path if exc.ctx is not None else "ftplan"
+    return f"error: {message} (see {command} --help)"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the CLI, turning expected failures into one-line errors."""
+    warnings.showwarning = _one_line_warning
+    try:
+        cli.main(args=argv, prog_name="ftplan", standalone_mode=False)
+    except FtplanError as exc:
+        click.echo(f"error: {' '.join(str(exc).split())}", err=True)  # one line even when it quotes a newline
+        sys.exit(EXIT_USER_ERROR)
+    except click.UsageError as exc:
+        click.echo(_usage_line(exc), err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        click.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)

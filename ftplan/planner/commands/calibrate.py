@@ -1,0 +1,201 @@
+"""`ftplan calibrate`: measure real short fine-tunes at a ladder of batch sizes, resumably.
+
+A thin layer over ftplan.calibration.runner: it turns options into the cartesian product of settings and
+draws progress. torch is imported only by the trial subprocesses, never here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shlex
+import signal
+import socket
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from ftplan.calibration.ladder import LadderStep
+from ftplan.calibration.runner import CalibrationPlan, CalibrationProgress, calibrate
+from ftplan.core.architecture import ALL_LINEAR_TARGETS, load_architecture
+from ftplan.core.errors import FtplanError
+from ftplan.core.settings import PRECISIONS, Setting
+from ftplan.core.units import GIB
+from ftplan.planner.commands.options import positive_int_list
+
+DEFAULT_MAX_BATCH = {"cuda": 1024, "cpu": 8}  # a CPU never runs out of memory before swapping, so stop early
+SWITCH = click.Choice(["on", "off", "both"])
+
+
+def _split_targets(_ctx, _param, value: str) -> tuple[str, ...]:
+    """Unknown module names are left to Architecture.lora_params, which names them per model."""
+    return tuple(t.strip() for t in value.split(",") if t.strip())
+
+
+def _switch(value: str) -> tuple[bool, ...]:
+    return {"on": (True,), "off": (False,), "both": (False, True)}[value]
+
+
+@click.command("calibrate")
+@click.option("--model", "models", multiple=True, required=True,
+              help="Architecture id (see `ftplan models`) or a path to a config.json; repeatable.")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="JSONL file to append to (and resume from).  [default: calibrations/<machine>.jsonl]")
+@click.option("--machine", default=None, help="Machine id stored in every record.  [default: host name]")
+@click.option("--seq-len", "seq_lens", type=click.IntRange(min=1), multiple=True, default=(2048,), show_default=True,
+              help="Tokens per sample; repeatable.")
+@click.option("--zero-stage", "zero_stages", type=click.IntRange(0, 3), multiple=True, default=(0,), show_default=True,
+              help="DeepSpeed ZeRO stage, 0 = no DeepSpeed; repeatable.")
+@click.option("--offload", type=SWITCH, default="off", show_default=True, help="Optimizer offload to CPU (needs ZeRO).")
+@click.option("--liger", type=SWITCH, default="off", show_default=True, help="Liger Kernel.")
+@click.option("--gradient-checkpointing", type=SWITCH, default="off", show_default=True)
+@click.option("--lora-rank", "lora_ranks", type=click.IntRange(min=0), multiple=True, default=(0,), show_default=True,
+              help="LoRA rank, 0 = full fine-tuning; repeatable.")
+@click.option("--lora-targets", default=",".join(ALL_LINEAR_TARGETS), show_default=True, callback=_split_targets,
+              help="Comma-separated module names LoRA adapts.")
+@click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True,
+              help="Mixed precision of training (fp32 trains fastest on a CPU without bf16 units).")
+@click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs (ranks) per trial.")
+@click.option("--batch-sizes", callback=positive_int_list("batch sizes"), default=None,
+              help="Comma-separated micro-batches to run instead of the automatic ladder.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=None,
+              help="Largest micro-batch the ladder tries.  [default: 1024 on cuda, 8 on cpu]")
+@click.option("--steps", type=click.IntRange(min=1), default=4, show_default=True, help="Measured steps per trial.")
+@click.option("--warmup-steps", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=900.0, show_default=True,
+              help="Seconds before a trial is ended as an error.")
+@click.option("--alloc-conf", envvar="PYTORCH_CUDA_ALLOC_CONF", default="", show_default=False,
+              help="PYTORCH_CUDA_ALLOC_CONF for the trials (part of the setting).  [default: $PYTORCH_CUDA_ALLOC_CONF]")
+@click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Keep every rank's log here (by default logs are deleted; failures quote their last line).")
+@click.pass_context
+def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path | None, machine: str | None,
+            seq_lens: tuple[int, ...], zero_stages: tuple[int, ...], offload: str, liger: str,
+            gradient_checkpointing: str, lora_ranks: tuple[int, ...], lora_targets: tuple[str, ...], precision: str,
+            gpus: int,
+            batch_sizes: tuple[int, ...] | None, max_batch: int | None, steps: int, warmup_steps: int,
+            timeout: float, alloc_conf: str, log_dir: Path | None) -> None:
+    """Run short real fine-tunes of every combination of the options, at a ladder of batch sizes.
+
+    Each trial runs in its own processes under a watchdog; every finished trial is appended at once,
+    and re-running the same command skips what is already recorded.
+    """
+    settings = expand_settings(models, seq_lens, zero_stages, _switch(offload), _switch(liger),
+                               _switch(gradient_checkpointing), lora_ranks, lora_targets, precision, gpus, alloc_conf)
+    machine = machine or socket.gethostname()
+    plan = CalibrationPlan(out=out or Path("calibrations") / f"{machine}.jsonl", device=device, steps=steps,
+                           warmup_steps=warmup_steps, timeout=timeout,
+                           max_batch=max_batch or DEFAULT_MAX_BATCH[device], batch_sizes=batch_sizes,
+                           machine_id=machine, command=_command_line(ctx), log_dir=log_dir)
+    _check_writable(plan.out)
+    console = Console(soft_wrap=True)
+    console.print(f"calibrating {len(settings)} setting(s) on {device}, appending to {plan.out}")
+    with _sigterm_as_interrupt(), RichProgress(console) as progress:
+        records = calibrate(settings, plan, progress)
+    console.print(f"{len(records)} new record(s) in {plan.out}")
+
+
+def expand_settings(models, seq_lens, zero_stages, offloads, ligers, checkpointings, lora_ranks, lora_targets,
+                    precision, gpus, alloc_conf) -> list[Setting]:
+    """The cartesian product of the options; offload is only combined with ZeRO stages that support it."""
+    if offloads == (True,) and 0 in zero_stages:
+        raise FtplanError("--offload on needs DeepSpeed ZeRO: use --zero-stage 1-3 (or --offload both)")
+    if lora_targets != ALL_LINEAR_TARGETS and not any(lora_ranks):
+        raise FtplanError("--lora-targets needs a --lora-rank above 0")
+    for model in models:
+        arch = load_architecture(model)
+        for rank in {r for r in lora_ranks if r}:
+            arch.lora_params(rank, lora_targets)  # names unknown modules in one line
+    settings = []
+    for model, seq_len, zero, off, lig, gc, rank in itertools.product(
+            models, seq_lens, zero_stages, offloads, ligers, checkpointings, lora_ranks):
+        if off and zero == 0:
+            continue
+        settings.append(Setting(model=model, seq_len=seq_len, zero_stage=zero, offload_optimizer=off, liger=lig,
+                                gradient_checkpointing=gc, lora_rank=rank,
+                                lora_targets=lora_targets if rank else ALL_LINEAR_TARGETS,
+                                precision=precision, gpus=gpus, alloc_conf=alloc_conf))
+    return list(dict.fromkeys(settings))
+
+
+def _check_writable(out: Path) -> None:
+    """Fail now, not after the first hour of trials."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.open("a").close()
+    except OSError as exc:
+        raise FtplanError(f"cannot write calibration file {out}: {exc.strerror}") from None
+
+
+def _command_line(ctx: click.Context) -> str:
+    """The command as it could be typed again, rebuilt from the parsed options (kept in every record)."""
+    words = ["ftplan", "calibrate"]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if value is None or value == "":
+            continue
+        flag = param.opts[0]
+        for item in value if param.multiple else [value]:
+            words += [flag, ",".join(map(str, item)) if isinstance(item, tuple) else str(item)]
+    return shlex.join(words)
+
+
+@contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM ends the run like Ctrl-C, so the running trial's ranks are ended too, not orphaned."""
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class RichProgress(CalibrationProgress):
+    """Draws trial i of n, the current setting and batch, elapsed time, and one line per result."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=console, transient=True)
+        self.task = self.bar.add_task("starting", total=None)
+
+    def __enter__(self) -> RichProgress:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)
+
+    def trial_started(self, index: int, total: int, setting: Setting, batch: int) -> None:
+        self.bar.update(self.task, description=f"{setting.model} {setting.label()} batch {batch}",
+                        completed=index - 1, total=total)
+
+    def trial_finished(self, record: dict) -> None:
+        self.bar.advance(self.task)
+        self.console.print(describe_record(record))
+
+    def setting_finished(self, setting: Setting, step: LadderStep) -> None:
+        self.console.print(f"  {setting.model} {setting.label()}: {step.reason}")
+
+
+def describe_record(record: dict) -> str:
+    """One line per finished trial: status, setting, batch, peak memory, speed, trial time."""
+    head = f"{record['status']:<5} {record['model']} {Setting.from_dict(record).label()} batch {record['micro_batch']}"
+    if record["status"] != "ok":
+        return f"{head}: {record['message']} ({record['trial_seconds']:.0f} s)"
+    return (f"{head}: peak {record['peak_allocated_bytes'] / GIB:.2f} GiB allocated, "
+            f"{record['peak_reserved_bytes'] / GIB:.2f} GiB reserved, {record['seconds_per_step']:.3f} s/step "
+            f"({record['trial_seconds']:.0f} s)")

@@ -1,0 +1,121 @@
+"""`ftplan plan`: every setup ranked by time to completion (or cost), with a reasoned recommendation;
+over a range of GPU counts, the scaling of full and LoRA fine-tuning and the count to use."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from ftplan.core.architecture import load_architecture
+from ftplan.core.errors import FtplanError
+from ftplan.core.hardware import find_gpu, load_catalog
+from ftplan.core.settings import Setting
+from ftplan.models.communication import estimate_overlap
+from ftplan.planner.commands.options import positive_int_list
+from ftplan.planner.gpu_counts import plan_gpu_counts
+from ftplan.planner.inputs import (
+    FINITE_FLOAT,
+    budget_options,
+    calibrations_option,
+    gpu_options,
+    link_options,
+    load_evidence,
+)
+from ftplan.planner.render import (
+    plan_to_dict,
+    print_plan,
+    print_scaling,
+    scaling_to_dict,
+)
+from ftplan.planner.scaling import node_layout, parse_gpu_counts
+from ftplan.planner.search import DEFAULT_LORA_RANKS, PlanRequest, make_plan
+
+SETUPS_SHOWN_WITH_SCALING = 12
+
+host_memory_option = click.option(
+    "--host-memory-gib", type=float, default=None,
+    help="Host RAM per node, GiB. Offload setups that need more (less the safety margin) are left out; "
+         "default: unknown, offload rows only show what they need.")
+
+
+@click.command("plan")
+@click.option("--model", required=True, help="Architecture id (see `ftplan models`) or a path to a config.json.")
+@click.option("--dataset-size", type=int, required=True, help="Training samples per epoch.")
+@click.option("--epochs", type=FINITE_FLOAT, default=1.0, show_default=True)
+@click.option("--seq-len", type=int, default=2048, show_default=True, help="Tokens per sample (padded).")
+@gpu_options
+@click.option("--gpus", default="1", show_default=True,
+              help="GPUs in all: a count (8), a list (1,2,4) or a doubling range (1..128); several counts add a "
+                   "scaling table and choose the count.")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Nodes are filled up to this many GPUs; the rest talk over the inter-node link.")
+@link_options
+@click.option("--price-per-hour", type=FINITE_FLOAT, default=None, help="Price per GPU-hour; cost = hours × price × GPUs.")
+@click.option("--max-hours", type=FINITE_FLOAT, default=None,
+              help="Leave out setups that take longer; with several GPU counts, choose the cheapest count that meets it.")
+@click.option("--by", type=click.Choice(["time", "cost"]), default="time", show_default=True, help="Rank by.")
+@click.option("--any", "training", flag_value="any", default=True, help="Recommend full fine-tuning or LoRA (default).")
+@click.option("--full", "training", flag_value="full", help="Recommend among full fine-tuning setups only.")
+@click.option("--lora", "training", flag_value="lora", help="Recommend among LoRA setups only.")
+@click.option("--lora-ranks", default=",".join(map(str, DEFAULT_LORA_RANKS)), show_default=True,
+              callback=positive_int_list("LoRA ranks"), help="LoRA ranks to consider.")
+@budget_options
+@host_memory_option
+@calibrations_option
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option("--emit", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write the recommended setup's ds_config.json, training_args.json and README.txt here.")
+def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name: str, gpu_specs: Path | None,
+            gpus: str, gpus_per_node: int, intra_node_bandwidth: str | None, inter_node_bandwidth: str | None,
+            price_per_hour: float | None, max_hours: float | None, by: str, training: str,
+            lora_ranks: tuple[int, ...], safety_margin: float, context_reserve_gib: float,
+            host_memory_gib: float | None, calibrations: tuple[Path, ...], as_json: bool, emit: Path | None) -> None:
+    """Which setup finishes fastest (or cheapest) on this GPU, with its largest safe batch, ETA and cost;
+    with several GPU counts, how full and LoRA fine-tuning scale and which count to use."""
+    load_architecture(model)  # an unknown model fails here, with close names, before any fitting
+    counts = parse_gpu_counts(gpus)
+    base = Setting(model=model, seq_len=seq_len)
+    catalog = load_catalog(gpu_specs)
+    gpu = find_gpu(gpu_name, catalog)
+    evidence = load_evidence(calibrations, catalog)
+    links, links_text = evidence.links(gpu, intra_node_bandwidth, inter_node_bandwidth)
+    predictor = evidence.predictor_with(links)
+    request = PlanRequest(base=base, dataset_size=dataset_size, epochs=epochs, gpu=gpu,
+                          budget=evidence.budget(gpu, safety_margin, context_reserve_gib),
+                          price_per_gpu_hour=price_per_hour, max_hours=max_hours, by=by, training=training,
+                          lora_ranks=lora_ranks, host_memory_gib=host_memory_gib)
+    extra, failed = evidence.calibrated_settings(model), evidence.failed_trials(model)
+    scaling = None
+    if len(counts) == 1:
+        per_node, nodes = node_layout(counts[0], gpus_per_node)
+        plan = make_plan(predictor, replace(request, base=base.with_(gpus=per_node, nodes=nodes)), extra)
+    else:
+        scaling = plan_gpu_counts(predictor, request, counts, gpus_per_node, extra)
+        plan = scaling.plan
+    overlap = estimate_overlap(evidence.records, links)
+    links_text += f" Overlap of communication with backward: {overlap.overlap:g}; {overlap.source}."
+    if as_json:
+        click.echo(json.dumps({**(plan_to_dict(plan, failed) if plan else {}),
+                               "inputs": [{"path": str(i.path), "records": i.records,
+                                           "from_training_runs": i.from_training_runs} for i in evidence.inputs],
+                               "links": {**links.__dict__, "description": links_text},
+                               "scaling": scaling_to_dict(scaling) if scaling else None}, indent=2))
+    else:
+        console = Console(width=180)
+        console.print(evidence.describe())
+        if max(counts) > 1:
+            console.print(links_text)
+        if scaling is not None:
+            print_scaling(scaling, console, failed)
+        if plan is not None:
+            print_plan(plan, console, failed, SETUPS_SHOWN_WITH_SCALING if scaling else None)
+    if emit is not None:
+        if plan is None or plan.recommended is None:
+            raise FtplanError("nothing to emit: no setup was recommended")
+        from ftplan.planner.emit import write_configs
+        written = write_configs(emit, plan.recommended, plan.request)
+        click.echo(f"wrote {', '.join(str(p) for p in written)}", err=as_json)

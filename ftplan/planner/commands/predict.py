@@ -1,0 +1,89 @@
+"""`ftplan predict`: peak memory per GPU and seconds per step for one setting and batch size.
+
+The JSON keys peak_allocated_gib, peak_reserved_gib and seconds_per_step are a contract other
+tools script against; everything else in the object is extra.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ftplan.core.architecture import load_architecture
+from ftplan.core.hardware import GpuSpec, find_gpu, load_catalog
+from ftplan.core.units import GIB
+from ftplan.models.prediction import Prediction
+from ftplan.models.safe_batch import MemoryBudget, is_safe, proven_batch
+from ftplan.planner.commands.options import setting_from_options, setting_options
+from ftplan.planner.inputs import calibrations_option, load_predictor
+
+DEFAULT_GPU = "H200"  # the card the shipped calibrations were measured on
+
+
+@click.command("predict")
+@setting_options
+@click.option("--batch-size", type=click.IntRange(min=1), required=True, help="Micro-batch per GPU.")
+@click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True, help="GPU model (see `ftplan gpus`).")
+@click.option("--gpu-specs", type=click.Path(path_type=Path), default=None,
+              help="CSV of GPU specs (columns as in `ftplan gpus`) overriding or extending the catalog.")
+@calibrations_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def command(batch_size: int, gpu_name: str, gpu_specs: Path | None, calibrations: tuple[Path, ...],
+            as_json: bool, **options) -> None:
+    """Predicted peak allocated and reserved memory per GPU and seconds per optimizer step."""
+    setting = setting_from_options(options)
+    load_architecture(setting.model)  # an unknown model fails here, with close names, before any fitting
+    catalog = load_catalog(gpu_specs)  # the user's cards also name the cards their records were measured on
+    gpu = find_gpu(gpu_name, catalog)
+    prediction = load_predictor(calibrations, catalog).predict(setting, batch_size, gpu)
+    if as_json:
+        click.echo(json.dumps(prediction_to_dict(prediction, gpu), indent=2))
+    else:
+        print_prediction(prediction, gpu, Console())
+
+
+def prediction_to_dict(prediction: Prediction, gpu: GpuSpec) -> dict:
+    return {
+        "peak_allocated_gib": prediction.peak_allocated.mean / GIB,
+        "peak_reserved_gib": prediction.peak_reserved.mean / GIB,
+        "seconds_per_step": prediction.seconds_per_step.mean,
+        "peak_allocated_upper_gib": prediction.peak_allocated.upper / GIB,
+        "peak_reserved_upper_gib": prediction.peak_reserved.upper / GIB,
+        "seconds_per_step_upper": prediction.seconds_per_step.upper,
+        "fits_in_memory": is_safe(prediction.micro_batch, prediction.peak_reserved.upper,
+                                  MemoryBudget(gpu.memory_bytes, safety_margin=0), prediction.wall_batch,
+                                  prediction.measured_healthy),
+        "gpu": gpu.name,
+        "gpu_memory_gib": gpu.memory_gib,
+        "micro_batch": prediction.micro_batch,
+        "setting": prediction.setting.to_dict(),
+        "source": prediction.source,
+        "wall_batch": prediction.wall_batch,
+        "proven_batch": proven_batch(prediction.measured_healthy, gpu.memory_bytes),
+        "notes": list(prediction.notes),
+    }
+
+
+def print_prediction(prediction: Prediction, gpu: GpuSpec, console: Console) -> None:
+    table = Table("", "predicted", "upper bound", title=f"{prediction.setting.model} {prediction.setting.label()}, "
+                  f"micro-batch {prediction.micro_batch} on {gpu.name} ({gpu.memory_gib:g} GiB)")
+    table.add_row("peak allocated / GPU", f"{prediction.peak_allocated.mean / GIB:.2f} GiB",
+                  f"{prediction.peak_allocated.upper / GIB:.2f} GiB")
+    table.add_row("peak reserved / GPU", f"{prediction.peak_reserved.mean / GIB:.2f} GiB",
+                  f"{prediction.peak_reserved.upper / GIB:.2f} GiB")
+    table.add_row("seconds / step", f"{prediction.seconds_per_step.mean:.3f}", f"{prediction.seconds_per_step.upper:.3f}")
+    console.print(table)
+    console.print(f"source: {prediction.source}")
+    if prediction.wall_batch is not None:
+        console.print(f"allocator wall or OOM observed at micro-batch {prediction.wall_batch}")
+    proven = proven_batch(prediction.measured_healthy, gpu.memory_bytes)
+    if proven is not None:
+        console.print(f"measured healthy up to micro-batch {proven} on this card")
+    if prediction.peak_reserved.upper > gpu.memory_bytes and (proven is None or prediction.micro_batch > proven):
+        console.print(f"[bold red]may not fit[/]: upper bound of reserved memory exceeds the card's {gpu.memory_gib:g} GiB")
+    for note in prediction.notes:
+        console.print(f"note: {note}")

@@ -1,0 +1,123 @@
+"""Plan over GPU counts: the best full and LoRA setup at each count, their scaling, and the count to use.
+
+Each count is a whole setup search (ftplan.planner.search) at that world size, nodes filled up to
+--gpus-per-node, so per-GPU memory follows ZeRO partitioning and time follows the communication
+model inside models.Predictor. Speed-up is against the best setup of the same training kind on one
+GPU; it can exceed the GPU count when partitioning lets a larger batch or a setup without offload
+fit (ZeRO's "superlinear" case). The count itself is chosen by ftplan.planner.scaling.choose_gpu_count:
+least cost within --max-hours, else the first to finish.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import pandas as pd
+
+from ftplan.core.errors import FtplanError
+from ftplan.core.units import GIB
+from ftplan.planner.eta import format_duration
+from ftplan.planner.scaling import choose_gpu_count, node_layout
+from ftplan.planner.search import Plan, PlanRequest, Predictor, SetupPlan, make_plan
+
+KINDS = {"full": "full fine-tuning", "lora": "LoRA"}
+
+
+@dataclass(frozen=True)
+class CountPlan:
+    """The setup search at one GPU count; plan is None when nothing fits there (error says why)."""
+
+    gpus: int
+    gpus_per_node: int
+    nodes: int
+    plan: Plan | None
+    error: str | None = None
+
+    def best(self, kind: str) -> SetupPlan | None:
+        """The setup the plan would recommend among this training kind."""
+        if self.plan is None:
+            return None
+        return replace(self.plan, request=replace(self.plan.request, training=kind)).recommended
+
+
+@dataclass(frozen=True)
+class ScalingPlan:
+    request: PlanRequest
+    counts: list[CountPlan]
+    tables: dict[str, pd.DataFrame]     # "full" / "lora": one row per GPU count where that kind fits
+    chosen: CountPlan | None
+    chosen_kind: str | None
+    reason: str                          # why this count, or why none
+
+    @property
+    def plan(self) -> Plan | None:
+        """The full setup ranking at the chosen count, with the user's --max-hours applied."""
+        return self.chosen.plan if self.chosen else None
+
+
+def plan_at(predictor: Predictor, request: PlanRequest, gpus: int, gpus_per_node: int, extra=()) -> CountPlan:
+    """The setup search at `gpus` GPUs, as few nodes as possible."""
+    per_node, nodes = node_layout(gpus, gpus_per_node)
+    at_count = replace(request, base=request.base.with_(gpus=per_node, nodes=nodes))
+    try:
+        return CountPlan(gpus, per_node, nodes, make_plan(predictor, at_count, extra))
+    except FtplanError as exc:
+        return CountPlan(gpus, per_node, nodes, None, str(exc))
+
+
+COLUMNS = ("gpus", "nodes", "setup", "setting", "micro_batch", "reserved_gib", "reserved_upper_gib", "seconds_per_step",
+           "samples_per_step", "samples_per_second", "steps", "hours", "cost", "source")
+
+
+def _row(count: CountPlan, setup: SetupPlan) -> dict:
+    best, eta = setup.best, setup.eta
+    return {"gpus": count.gpus, "nodes": count.nodes, "setup": setup.label, "setting": setup.setting.to_dict(),
+            "micro_batch": setup.batch,
+            "reserved_gib": best.peak_reserved.mean / GIB, "reserved_upper_gib": best.peak_reserved.upper / GIB,
+            "seconds_per_step": eta.seconds_per_step, "samples_per_step": setup.batch * count.gpus,
+            "samples_per_second": setup.batch * count.gpus / eta.seconds_per_step, "steps": eta.steps,
+            "hours": eta.hours, "cost": eta.cost, "source": best.source}
+
+
+def scaling_rows(counts: list[CountPlan], kind: str) -> pd.DataFrame:
+    """One row per count where `kind` fits; speed-up and efficiency against its best one-GPU setup
+    (NaN when that kind does not fit on one GPU)."""
+    table = pd.DataFrame([_row(c, best) for c in counts if (best := c.best(kind)) is not None], columns=COLUMNS)
+    one = table.loc[table["gpus"] == 1, "samples_per_second"]
+    base = one.iloc[0] if not one.empty else math.nan
+    return table.assign(speedup=table["samples_per_second"] / base,
+                        efficiency=table["samples_per_second"] / base / table["gpus"])
+
+
+def plan_gpu_counts(predictor: Predictor, request: PlanRequest, gpu_counts: list[int], gpus_per_node: int,
+                    extra=()) -> ScalingPlan:
+    """Search every count (one GPU always, as the speed-up's baseline) and choose the count to use.
+
+    Without a price, cost is counted in GPU-hours, so --max-hours still picks the least wasteful count.
+    """
+    open_ended = replace(request, max_hours=None)  # the deadline is choose_gpu_count's to apply
+    counts = [plan_at(predictor, open_ended, n, gpus_per_node, extra) for n in sorted({1, *gpu_counts})]
+    tables = {kind: scaling_rows(counts, kind) for kind in KINDS}
+    asked = [c for c in counts if c.gpus in gpu_counts]
+    kinds = list(KINDS) if request.training == "any" else [request.training]
+    pool = pd.concat([tables[k][tables[k]["gpus"].isin(gpu_counts)].assign(kind=k) for k in kinds],
+                     ignore_index=True)
+    if pool.empty:
+        raise FtplanError(asked[-1].error or f"no setup of {request.base.model} fits on {request.gpu.name}")
+    price = request.price_per_gpu_hour if request.price_per_gpu_hour is not None else 1.0
+    try:
+        row = choose_gpu_count(pool, request.dataset_size, request.epochs, price, request.max_hours)
+    except FtplanError as exc:
+        return ScalingPlan(request, counts, tables, None, None, str(exc))
+    chosen = next(c for c in counts if c.gpus == row["gpus"])
+    kind = row["kind"]
+    final = plan_at(predictor, replace(request, training=kind), chosen.gpus, gpus_per_node, extra)
+    unit = "cost" if request.price_per_gpu_hour is not None else "GPU-hours"
+    if request.max_hours is None:
+        reason = (f"it finishes first ({format_duration(row['hours'] * 3600)} h:mm) among {', '.join(map(str, gpu_counts))} GPUs"
+                  + (f", then at the least {unit}" if len(pool[pool['hours'] == row['hours']]) > 1 else ""))
+    else:
+        reason = (f"it meets --max-hours {request.max_hours:g} ({format_duration(row['hours'] * 3600)} h:mm) at the least {unit} "
+                  f"({row['cost']:,.2f})")
+    return ScalingPlan(request, counts, tables, final, kind, reason)

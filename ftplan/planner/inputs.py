@@ -1,0 +1,247 @@
+"""What plan, eta and report read from the user: the GPU, the memory budget, the links, and the calibrations.
+
+Shared so the commands state the same defaults and fail on bad input with the same one line.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import cached_property
+from pathlib import Path
+
+import click
+
+from ftplan.core.errors import FtplanError
+from ftplan.core.hardware import GpuSpec, find_gpu, load_catalog
+from ftplan.core.paths import calibrations_dir
+from ftplan.core.records import RecordWarning, read_records
+from ftplan.core.settings import Setting
+from ftplan.core.units import GIB
+from ftplan.models.communication import (
+    Links,
+    calibrated_links,
+    find_link,
+    links_from_catalog,
+    parse_bandwidth,
+)
+from ftplan.models.safe_batch import DEFAULT_CONTEXT_RESERVE_GIB, MemoryBudget
+from ftplan.planner.search import DEFAULT_SAFETY_MARGIN
+
+USER_CALIBRATIONS = Path("calibrations")  # where `ftplan calibrate` and the Trainer callback write by default
+TRAINER_SOURCE = "trainer_callback"
+DEFAULT_INTER_NODE_LINK = "cloud"
+FALLBACK_INTRA_NODE_LINK = "pcie4-x16"  # a card whose specs name no known interconnect
+
+
+class FiniteFloat(click.FloatRange):
+    """A real number: click's float takes 'nan' and 'inf', which no option means and the arithmetic cannot use."""
+
+    def convert(self, value, param, ctx) -> float:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+FINITE_FLOAT = FiniteFloat()
+MAX_CONTEXT_RESERVE_GIB = 1024  # more than any card holds
+
+
+def gpu_options(command: Callable) -> Callable:
+    """--gpu NAME and --gpu-specs FILE."""
+    command = click.option("--gpu-specs", type=click.Path(path_type=Path), default=None,
+                           help="CSV of GPU specs (columns as in `ftplan gpus`) overriding or extending the catalog.")(command)
+    return click.option("--gpu", "gpu_name", required=True, help="GPU model, e.g. H200 (see `ftplan gpus`).")(command)
+
+
+def budget_options(command: Callable) -> Callable:
+    """--safety-margin and --context-reserve-gib: the policy that turns capacity into usable memory."""
+    command = click.option("--context-reserve-gib", type=FiniteFloat(0, MAX_CONTEXT_RESERVE_GIB),
+                           default=DEFAULT_CONTEXT_RESERVE_GIB, show_default=True,
+                           help="GiB kept for the CUDA context and NCCL buffers on top of the margin "
+                                "(torch's reserved bytes omit them).")(command)
+    return click.option("--safety-margin", type=FINITE_FLOAT, default=DEFAULT_SAFETY_MARGIN, show_default=True,
+                        help="Fraction of capacity kept free above the upper prediction bound.")(command)
+
+
+def link_options(command: Callable) -> Callable:
+    """--intra-node-bandwidth and --inter-node-bandwidth: the links the communication model prices."""
+    command = click.option("--inter-node-bandwidth", default=None,
+                           help="Between nodes, per node: e.g. 600MB/s, 25Gbit/s, 0.6 (GB/s) or a link name "
+                                "(cloud, 100gbe, ib-ndr, ...). Default: a measured network calibration, else "
+                                f"'{DEFAULT_INTER_NODE_LINK}' (data/networks.csv).")(command)
+    return click.option("--intra-node-bandwidth", default=None,
+                        help="Between the GPUs of one node, same forms. Default: a measured network calibration, "
+                             "else the GPU's interconnect from the catalog.")(command)
+
+
+def calibrations_option(command: Callable) -> Callable:
+    return click.option("--calibrations", multiple=True, type=click.Path(path_type=Path),
+                        help="Calibration JSONL file or folder (repeatable); default: the calibrations shipped in "
+                             f"data/ plus ./{USER_CALIBRATIONS}/ when it exists.")(command)
+
+
+@dataclass(frozen=True)
+class Input:
+    """One calibration file or folder read, with how many trial records it gave and how many of those
+    came from real training runs (the Trainer callback) rather than `ftplan calibrate`."""
+
+    path: Path
+    records: int
+    from_training_runs: int
+
+    def describe(self) -> str:
+        return f"{self.path} ({self.records} records)"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """The calibration records a command works from, where they came from, and the GPU catalog."""
+
+    records: list[dict]
+    network_records: list[dict]
+    inputs: tuple[Input, ...]
+    catalog: dict[str, GpuSpec]
+
+    @cached_property
+    def fits(self):
+        from ftplan.planner.fit_cache import (
+            cached_fits,  # imported late: `ftplan gpus` and `--help` need no fitting code
+        )
+        return cached_fits(self.records)
+
+    @cached_property
+    def predictor(self):
+        """The predictor with each GPU's catalog links (commands that take no link options)."""
+        return self.predictor_with(None)
+
+    @cached_property
+    def prior_constants(self):
+        from ftplan.planner.fit_cache import cached_prior_constants
+        return cached_prior_constants(self.records, self.fits, self.catalog)
+
+    def predictor_with(self, links: Links | None):
+        from ftplan.models.predictor import Predictor
+        return Predictor(self.records, self.fits, self.catalog, links, self.prior_constants)
+
+    def describe(self) -> str:
+        """Which inputs were read, for the output: a plan must say what it rests on."""
+        if not self.inputs:
+            return "Calibrations: none found; every number comes from the analytic prior."
+        total = sum(i.from_training_runs for i in self.inputs)
+        return (f"Calibrations: {'; '.join(i.describe() for i in self.inputs)}. "
+                f"{total} of {len(self.records)} records come from real training runs (Trainer callback).")
+
+    def calibrated_settings(self, model: str) -> list[Setting]:
+        """Settings of this model with measured trials, on any GPU (the predictor transfers across cards)."""
+        return list(dict.fromkeys(Setting.from_dict(r) for r in self.records
+                                  if r["model"] == model and r["status"] == "ok"))
+
+    def failed_trials(self, model: str) -> dict[Setting, str]:
+        """Settings whose calibration ended in an error (not OOM) and never ran ok: why, in the record's words."""
+        ran = set(self.calibrated_settings(model))
+        return {Setting.from_dict(r): f"batch {r['micro_batch']}: {r.get('message') or 'error'}"
+                for r in self.records
+                if r["model"] == model and r["status"] == "error" and Setting.from_dict(r) not in ran}
+
+    @cached_property
+    def _cards(self) -> dict[str, GpuSpec | None]:
+        cards: dict[str, GpuSpec | None] = {}
+        for name in {str(r.get("gpu_name")) for r in self.records}:
+            try:
+                cards[name] = find_gpu(name, self.catalog)
+            except FtplanError:
+                cards[name] = None  # a card outside the catalog: its records still inform the prior
+        return cards
+
+    def card_of(self, record: dict) -> GpuSpec | None:
+        """The catalog card a record was measured on (record names like 'NVIDIA H200' resolve by alias)."""
+        return self._cards.get(str(record.get("gpu_name")))
+
+    def measured_capacity(self, gpu: GpuSpec) -> int | None:
+        """The card's total memory as the calibration runs on it saw it, which datasheets round."""
+        totals = [r.get("gpu_memory_total_bytes") or 0 for r in self.records if self.card_of(r) == gpu]
+        return max(totals, default=0) or None
+
+    def budget(self, gpu: GpuSpec, safety_margin: float, context_reserve_gib: float) -> MemoryBudget:
+        """Capacity from the user's own spec if given, else as measured, else the catalog's."""
+        shipped = load_catalog().get(gpu.name) == gpu
+        measured = self.measured_capacity(gpu) if shipped else None
+        return MemoryBudget(measured or gpu.memory_bytes, safety_margin, int(context_reserve_gib * GIB),
+                            "measured by calibration" if measured else ("catalog" if shipped else "your GPU specs"))
+
+    def links(self, gpu: GpuSpec, intra: str | None = None, inter: str | None = None) -> tuple[Links, str]:
+        """The links to price communication with, and a sentence saying where each figure came from.
+
+        In increasing precedence: the catalog (the card's interconnect, a plain cloud network between
+        nodes), a measured network calibration, the user's --intra/--inter-node-bandwidth.
+        """
+        try:
+            links, intra_from = links_from_catalog(intra=gpu.interconnect, inter=DEFAULT_INTER_NODE_LINK), \
+                f"catalog: {gpu.interconnect.split('(')[0].strip()}"
+        except FtplanError:
+            links, intra_from = links_from_catalog(intra=FALLBACK_INTRA_NODE_LINK, inter=DEFAULT_INTER_NODE_LINK), \
+                f"{gpu.name} names no known interconnect: PCIe 4.0 assumed"
+        inter_from = f"catalog: '{DEFAULT_INTER_NODE_LINK}' network"
+        measured = calibrated_links(self.network_records, links)
+        if measured.intra_node_gbs != links.intra_node_gbs or measured.intra_latency_s != links.intra_latency_s:
+            intra_from = "measured by ftplan calibrate-network"
+        if measured.inter_node_gbs != links.inter_node_gbs or measured.inter_latency_s != links.inter_latency_s:
+            inter_from = "measured by ftplan calibrate-network"
+        links = measured
+        if intra is not None:
+            gbs, latency = _user_link(intra, links.intra_latency_s)
+            links, intra_from = replace(links, intra_node_gbs=gbs, intra_latency_s=latency), f"--intra-node-bandwidth {intra}"
+        if inter is not None:
+            gbs, latency = _user_link(inter, links.inter_latency_s)
+            links, inter_from = replace(links, inter_node_gbs=gbs, inter_latency_s=latency), f"--inter-node-bandwidth {inter}"
+        text = (f"Links: inside a node {_rate(links.intra_node_gbs)}, {links.intra_latency_s * 1e6:g} µs/hop ({intra_from}); "
+                f"between nodes {_rate(links.inter_node_gbs)} per node, {links.inter_latency_s * 1e6:g} µs/hop ({inter_from}).")
+        return links, text
+
+
+def _user_link(text: str, default_latency_s: float) -> tuple[float, float]:
+    """(GB/s, latency): a catalog link name brings its own latency; a bare figure keeps the default's."""
+    try:
+        link = find_link(text)
+        return link.bandwidth_gbs, link.latency_s
+    except FtplanError:
+        return parse_bandwidth(text), default_latency_s
+
+
+def _rate(gbs: float) -> str:
+    return f"{gbs:g} GB/s" if gbs >= 1 else f"{gbs * 1000:g} MB/s"
+
+
+def _read_input(path: Path) -> tuple[list[dict], list[dict]]:
+    records = read_records([path])
+    with warnings.catch_warnings():  # the trial pass already named every bad line
+        warnings.simplefilter("ignore", RecordWarning)
+        return records, read_records([path], kind="network")
+
+
+def default_calibrations() -> list[Path]:
+    """The shipped calibrations, plus the user's own in ./calibrations/ when that folder exists."""
+    return [folder for folder in (calibrations_dir(), USER_CALIBRATIONS) if folder.is_dir()]
+
+
+def load_evidence(calibrations: Sequence[Path], catalog: dict[str, GpuSpec]) -> Evidence:
+    """Trial and network records from the given files (default: default_calibrations()), per input."""
+    explicit = bool(calibrations)
+    records, network, inputs = [], [], []
+    for path in (calibrations if explicit else default_calibrations()):
+        trials, links = _read_input(Path(path))
+        records += trials
+        network += links
+        inputs.append(Input(Path(path), len(trials), sum(r.get("source") == TRAINER_SOURCE for r in trials)))
+    if explicit and not records:
+        raise FtplanError(f"no valid calibration records in {', '.join(map(str, calibrations))}")
+    return Evidence(records, network, tuple(inputs), catalog)
+
+
+def load_predictor(calibrations: Sequence[Path] = (), catalog: dict[str, GpuSpec] | None = None):
+    """The predictor alone, for commands that need no records."""
+    return load_evidence(calibrations, catalog if catalog is not None else load_catalog()).predictor
