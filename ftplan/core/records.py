@@ -7,6 +7,7 @@ survive torn or corrupt lines and records from newer versions, naming file and l
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import math
@@ -71,17 +72,31 @@ def append_record(path: Path, record: dict) -> None:
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        if _ends_without_newline(fd):  # a writer was killed mid-line: keep its fragment on its own line
+        size = os.fstat(fd).st_size
+        if size > 0 and os.pread(fd, 1, size - 1) != b"\n":  # a writer was killed mid-line: keep its fragment on its own line
             line = b"\n" + line
-        os.write(fd, line)
-        os.fsync(fd)
+        _write_all_or_nothing(fd, line, size, path)
     finally:
         os.close(fd)
 
 
-def _ends_without_newline(fd: int) -> bool:
-    size = os.fstat(fd).st_size
-    return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+def _write_all_or_nothing(fd: int, data: bytes, size: int, path: Path) -> None:
+    """Write and fsync the whole line, or cut the file back to size and raise.
+
+    A full disk shows up as a short write or as ENOSPC (sometimes only at fsync); ignoring either
+    left a torn record reported as saved, and the next append glued its line onto the fragment.
+    """
+    try:
+        while data:
+            written = os.write(fd, data)
+            if written == 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            data = data[written:]
+        os.fsync(fd)
+    except OSError as exc:
+        os.ftruncate(fd, size)
+        raise FtplanError(f"cannot append a record to {path}: {exc.strerror or exc}; "
+                          "the file is left as it was, free space and run again to resume") from None
 
 
 def iter_records(path: Path, kind: str = "trial") -> Iterator[dict]:
