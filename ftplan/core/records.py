@@ -12,10 +12,13 @@ import fcntl
 import json
 import math
 import os
+import stat
 import statistics
+import unicodedata
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from ftplan.core.errors import FtplanError
 from ftplan.core.settings import Setting
@@ -38,6 +41,17 @@ _TRIAL_FIELD_TYPES = {
     "step_seconds": "a list of numbers",
 }
 _MAY_BE_NULL = (*_MEASURED_NUMBERS, "gpu_name", "step_seconds")
+# Upper limits no real trial comes near (1 PiB of memory on one device, a million samples per batch);
+# above them a value is a typo or an attack, and taken into a fit it shows as nonsense such as -129.5 GiB.
+_LARGEST = {"micro_batch": 2**20, "seq_len": 2**24, "gpus": 2**16, "nodes": 2**12, "lora_rank": 2**16,
+            "peak_allocated_bytes": 2**50, "peak_reserved_bytes": 2**50,
+            "gpu_memory_total_bytes": 2**50, "params_total": 10**15, "params_trainable": 10**15,
+            "num_alloc_retries": 10**12, "seconds_per_step": 10**6, "tokens_per_second": 10**12}
+_NETWORK_FIELD_TYPES = {"backend": "text", "ranks": "an integer", "nodes": "an integer",
+                        "latency_s": "a number", "bandwidth_gbs": "a number"}
+MAX_LINE_BYTES = 2**20  # a record is a few kB; longer lines are junk and are read past, never held whole
+WARNINGS_PER_FILE = 20  # bad lines named one by one; the rest of a file's are counted in one line
+_INVISIBLE_CATEGORIES = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")
 
 
 class RecordWarning(UserWarning):
@@ -100,30 +114,82 @@ def _write_all_or_nothing(fd: int, data: bytes, size: int, path: Path) -> None:
 
 
 def iter_records(path: Path, kind: str = "trial") -> Iterator[dict]:
-    """Valid records of one kind in one file; bad lines are skipped with a RecordWarning naming file:line."""
+    """Valid records of one kind in one file; bad lines are skipped with a RecordWarning naming file:line.
+
+    The file is read a bounded line at a time, and only the first WARNINGS_PER_FILE bad lines are
+    named: a junk or endless file once took 24 GB of memory and printed two million warnings.
+    """
     if kind not in REQUIRED_KEYS_BY_KIND:
         raise ValueError(f"record kind must be one of {tuple(REQUIRED_KEYS_BY_KIND)}, got {kind!r}")
     path = Path(path)
+    shown = printable(str(path))
+    skipped = 0
+    with _open_records_file(path) as stream:
+        for number, line in _bounded_lines(stream):
+            record, problem = _parse(line, kind)
+            if problem:
+                skipped += 1
+                if skipped <= WARNINGS_PER_FILE:
+                    warnings.warn(f"{shown}:{number}: {printable(problem)}", RecordWarning, stacklevel=2)
+                continue
+            if record is not None:
+                record["_source"] = f"{shown}:{number}"
+                yield record
+    if skipped > WARNINGS_PER_FILE:
+        warnings.warn(f"{shown}: ... and {skipped - WARNINGS_PER_FILE} more bad lines skipped", RecordWarning, stacklevel=2)
+
+
+def _open_records_file(path: Path) -> BinaryIO:
+    """A regular file (or a pipe) opened for reading; a device such as /dev/zero never ends, so it is refused."""
     try:
-        data = path.read_bytes()
+        stream = path.open("rb")
     except OSError as exc:
-        raise FtplanError(f"cannot read calibration file {path}: {exc.strerror}") from None
-    for number, line in enumerate(data.split(b"\n"), start=1):
-        if not line.strip():
+        raise FtplanError(f"cannot read calibration file {printable(str(path))}: {exc.strerror}") from None
+    mode = os.fstat(stream.fileno()).st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+        stream.close()
+        raise FtplanError(f"calibration file {printable(str(path))} is not a regular file")
+    return stream
+
+
+def _bounded_lines(stream: BinaryIO) -> Iterator[tuple[int, bytes | None]]:
+    """(line number, line) pairs; a line over MAX_LINE_BYTES comes as None, read past in bounded pieces."""
+    number = 0
+    while line := stream.readline(MAX_LINE_BYTES + 1):
+        number += 1
+        if len(line) <= MAX_LINE_BYTES:
+            yield number, line
             continue
-        try:
-            record = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError):  # a torn write, or not text at all
-            warnings.warn(f"{path}:{number}: corrupt or truncated record skipped", RecordWarning, stacklevel=2)
-            continue
-        if isinstance(record, dict) and record.get("kind", "trial") != kind:
-            continue
-        problem = _problem(record)
-        if problem:
-            warnings.warn(f"{path}:{number}: {problem}; record skipped", RecordWarning, stacklevel=2)
-            continue
-        record["_source"] = f"{path}:{number}"
-        yield record
+        while line and not line.endswith(b"\n"):
+            line = stream.readline(MAX_LINE_BYTES)
+        yield number, None
+
+
+def _parse(line: bytes | None, kind: str) -> tuple[dict | None, str | None]:
+    """(record, None) for a valid record of this kind, (None, warning) for a bad line, (None, None) for others."""
+    if line is None:
+        return None, f"line longer than {MAX_LINE_BYTES // 2**20} MiB; record skipped"
+    if not line.strip():
+        return None, None
+    try:
+        record = json.loads(line)
+    except RecursionError:
+        return None, "JSON nested too deeply; record skipped"
+    except ValueError:  # a torn write, not text at all, or a number too long to convert
+        return None, "corrupt or truncated record skipped"
+    if isinstance(record, dict) and record.get("kind", "trial") != kind:
+        return None, None
+    problem = _problem(record)
+    return (None, f"{problem}; record skipped") if problem else (record, None)
+
+
+def printable(text: str) -> str:
+    """text with control, bidi and other invisible characters escaped (\\x00, \\u202e).
+
+    Everything echoed from a file goes through here: a NUL or a right-to-left override in a
+    record would otherwise reach the user's terminal raw and can make a warning read backwards.
+    """
+    return "".join(ascii(ch)[1:-1] if unicodedata.category(ch) in _INVISIBLE_CATEGORIES else ch for ch in text)
 
 
 def _problem(record: object) -> str | None:
@@ -138,8 +204,20 @@ def _problem(record: object) -> str | None:
         return f"schema version {version!r} is not a positive integer"
     if version > SCHEMA_VERSION:
         return f"schema version {version} is newer than this ftplan understands ({SCHEMA_VERSION}); upgrade ftplan"
-    if kind == "trial":
-        return _trial_problem(record)
+    return _trial_problem(record) if kind == "trial" else _network_problem(record)
+
+
+def _network_problem(record: dict) -> str | None:
+    """A link measurement every plan reads, even on one GPU: a bad one must not reach the arithmetic."""
+    mistyped = _mistyped(record, _NETWORK_FIELD_TYPES, ())
+    if mistyped:
+        return mistyped
+    if record["ranks"] < 1 or record.get("nodes", 1) < 1:
+        return f"ranks and nodes must be positive, got ranks={record['ranks']} nodes={record.get('nodes', 1)}"
+    if record["bandwidth_gbs"] <= 0:
+        return f"bandwidth_gbs must be positive, got {record['bandwidth_gbs']!r}"
+    if record["latency_s"] < 0:
+        return f"negative latency_s ({record['latency_s']!r})"
     return None
 
 
@@ -147,15 +225,20 @@ def _trial_problem(record: dict) -> str | None:
     """Wrong types or impossible values, which would otherwise crash the fits far from their line."""
     if record["status"] not in STATUSES:
         return f"unknown status {record['status']!r}"
-    for key, wanted in _TRIAL_FIELD_TYPES.items():
-        value = record.get(key)
-        if key in record and not (value is None and key in _MAY_BE_NULL) and not _is_a(value, wanted):
-            return f"{key} is {value!r}, not {wanted}"
+    mistyped = _mistyped(record, _TRIAL_FIELD_TYPES, _MAY_BE_NULL)
+    if mistyped:
+        return mistyped
     if record["micro_batch"] < 1:
         return f"micro_batch must be positive, got {record['micro_batch']}"
     negative = [key for key in _MEASURED_NUMBERS if (record.get(key) or 0) < 0]
+    if any(seconds < 0 for seconds in record.get("step_seconds") or []):
+        negative.append("step_seconds")
     if negative:
         return f"negative {', '.join(negative)}"
+    too_large = [f"{key} is {record[key]!r}, above {limit:g}" for key, limit in _LARGEST.items()
+                 if (record.get(key) or 0) > limit]
+    if too_large:
+        return too_large[0]
     try:
         Setting.from_dict(record)
     except FtplanError as exc:
@@ -163,11 +246,19 @@ def _trial_problem(record: dict) -> str | None:
     return None
 
 
+def _mistyped(record: dict, types: dict[str, str], may_be_null: tuple[str, ...]) -> str | None:
+    for key, wanted in types.items():
+        value = record.get(key)
+        if key in record and not (value is None and key in may_be_null) and not _is_a(value, wanted):
+            return f"{key} is {value!r}, not {wanted}"
+    return None
+
+
 def _is_a(value: object, wanted: str) -> bool:
     if wanted == "an integer":
         return isinstance(value, int) and not isinstance(value, bool)
     if wanted == "a number":
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and math.isfinite(value)
     if wanted == "true or false":
         return isinstance(value, bool)
     if wanted == "a list of strings":

@@ -15,6 +15,7 @@ import warnings
 import click
 
 from ftplan.core.errors import FtplanError
+from ftplan.core.records import printable
 
 EXIT_USER_ERROR = 2
 
@@ -56,7 +57,8 @@ def cli() -> None:
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    click.echo(f"warning: {message}", err=True)
+    """Warnings quote records and configs (GPU names, paths): never let their control characters reach the terminal."""
+    click.echo(f"warning: {printable(str(message))}", err=True)
 
 
 def _usage_line(exc: click.UsageError) -> str:
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="ftplan", standalone_mode=False)
     except FtplanError as exc:
-        click.echo(f"error: {' '.join(str(exc).split())}", err=True)  # one line even when it quotes a newline
+        click.echo(f"error: {printable(' '.join(str(exc).split()))}", err=True)  # one line even when it quotes a newline
         sys.exit(EXIT_USER_ERROR)
     except click.UsageError as exc:
         click.echo(_usage_line(exc), err=True)
