@@ -27,7 +27,7 @@ class FakePredictor:
     lora_static_gib: float = 18.0
     per_sample_gib: float = 10.0
     upper_factor: float = 1.05
-    source: str = "calibrated"
+    source: str = "measured"
     wall_batch: int | None = None
     calls: list[tuple[Setting, int]] = field(default_factory=list)
 

@@ -156,7 +156,7 @@ def test_a_real_cpu_calibration_of_the_tiny_model_fits_and_plans_within_its_budg
     plan = json.loads(planned.stdout)
     assert all(planned_batch_fits(row["prediction"], plan) for row in plan["ranked"])
     (calibrated,) = [row for row in plan["ranked"] if row["setting"]["precision"] == "fp32"]  # the measured one
-    assert calibrated["prediction"]["source"] == "calibrated"
+    assert calibrated["prediction"]["source"] in ("measured", "interpolated")
     assert 1 <= calibrated["largest_safe_batch"] <= 2
 
     predicted = CliRunner().invoke(cli, ["predict", *common, "--precision", "fp32", "--batch-size", "4", "--json"])

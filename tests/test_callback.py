@@ -96,10 +96,10 @@ def test_earlier_runs_calibrate_the_prediction_of_a_later_run(tmp_path, capsys):
     train(tmp_path, [callback], micro_batch=2, steps=3)
 
     prediction = callback.record["prediction"]
-    assert prediction["source"] == "calibrated" and prediction["gpu"] == "cpu"
+    assert prediction["source"] == "interpolated" and prediction["gpu"] == "cpu"
     assert prediction["peak_allocated_bytes"] > 0 and prediction["seconds_per_step"] > 0
     printed = capsys.readouterr().err
-    assert "ftplan prediction (calibrated) for micro-batch 2 on cpu" in printed
+    assert "ftplan prediction (interpolated) for micro-batch 2 on cpu" in printed
     assert "predicted   measured   error" in printed and "s/optimizer step" in printed
     assert len(read_records([out])) == 3
 

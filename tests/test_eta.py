@@ -43,7 +43,7 @@ def test_eta_command_reports_steps_time_cost_and_the_memory_verdict(tmp_path, ca
     code, out, err = run_ftplan([*base, "--batch-size", 2], capsys, monkeypatch)
     assert code == 0, err
     fits = json.loads(out)
-    assert fits["fits"] and fits["eta"]["steps"] == 9846 and fits["prediction"]["source"] == "calibrated"
+    assert fits["fits"] and fits["eta"]["steps"] == 9846 and fits["prediction"]["source"] == "measured"
     assert fits["eta"]["cost"] == pytest.approx(fits["eta"]["hours"] * 0.5)
     code, out, err = run_ftplan([*base, "--batch-size", 3], capsys, monkeypatch)  # ran out of memory when measured
     assert code == 0, err

@@ -9,9 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.external import DEFAULT_DIR, load_external
-from ftplan.models.fit import compute_rate_for, fit_setting, largest_safe_batch
+from ftplan.models.fit import compute_rate_for, fit_setting
 from ftplan.models.fitset import FitSet, fit_records
 from ftplan.models.prior import ladder_slopes
+from ftplan.models.safe_batch import MemoryBudget, fit_largest_safe_batch
 from tests.helpers import GIB, SETTING, synthetic_records
 
 needs_external = pytest.mark.skipif(not DEFAULT_DIR.is_dir(), reason="public measurements not present")
@@ -23,8 +24,9 @@ def external_fit(alloc_conf: str):
 
 
 def test_large_batches_follow_the_steeper_phase_not_the_line_through_small_ones():
-    fit = fit_setting(synthetic_records([1, 2, 3]))
-    truth = synthetic_records([16])[0]["peak_allocated_bytes"]
+    shape_only = SETTING.with_(model="synthetic-architecture")  # no prior: the points' own phases alone
+    fit = fit_setting(synthetic_records([1, 2, 3], setting=shape_only))
+    truth = synthetic_records([16], setting=shape_only)[0]["peak_allocated_bytes"]
     assert fit.peak_allocated(16, 2048).mean == pytest.approx(truth, rel=0.005)
 
 
@@ -39,15 +41,15 @@ def test_expandable_segments_wall_found_where_memory_stalls_and_time_jumps():
     assert fit.wall_batches(2048) == [14]
     assert fit.n_points == 13  # the wall point is kept out of the line
     assert fit.largest_ok_batch(2048) == 14
-    assert largest_safe_batch(fit, 2048, fit.capacity_bytes) < 14
+    assert fit_largest_safe_batch(fit, 2048, MemoryBudget(fit.capacity_bytes)) < 14
 
 
 @needs_external
 def test_first_oom_bounds_the_safe_batch_of_public_8b_run():
     fit = external_fit("")
     assert fit.smallest_oom_batch(2048) == 13 and fit.wall_batches(2048) == []
-    assert largest_safe_batch(fit, 2048, 10 * fit.capacity_bytes) == 12  # a bigger card does not hide the OOM
-    assert 0 < largest_safe_batch(fit, 2048, fit.capacity_bytes) <= 12
+    assert fit_largest_safe_batch(fit, 2048, MemoryBudget(10 * fit.capacity_bytes)) == 12  # a bigger card does not hide the OOM
+    assert 0 < fit_largest_safe_batch(fit, 2048, MemoryBudget(fit.capacity_bytes)) <= 12
 
 
 @needs_external
@@ -173,4 +175,4 @@ def test_safe_batch_of_public_3090_ladder_is_safe_and_one_short():
     bound costs one batch here (5 fits, 6 ran out of memory)."""
     records = [r for r in load_external() if r["offload_optimizer"]]
     fit = fit_setting([r for r in records if r["micro_batch"] <= 3])
-    assert largest_safe_batch(fit, 2048, fit.capacity_bytes) == 4
+    assert fit_largest_safe_batch(fit, 2048, MemoryBudget(fit.capacity_bytes)) == 4

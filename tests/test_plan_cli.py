@@ -31,13 +31,13 @@ def test_plan_table_ranks_setups_and_explains_the_recommendation(external, capsy
                                 capsys, monkeypatch)
     assert code == 0, err
     assert "Recommendation:" in out and "optimizer offload" in out and "Liger" in out
-    assert "23.5 GiB = 24.0 GiB (measured by calibration) × (1 − 2% safety margin)" in out
+    assert "23.1 GiB = 23.6 GiB (measured by calibration) × (1 − 2% safety margin)" in out  # PyTorch's 23.56 GiB
     assert re.search(r"ETA \d+:\d\d", out)
 
 
 def test_calibrated_settings_appear_with_their_measured_largest_safe_batch(external, capsys, monkeypatch):
     plan = _plan_json(QWEN_ON_3090, external, capsys, monkeypatch)
-    calibrated = [s for s in plan["ranked"] if s["prediction"]["source"] == "calibrated"]
+    calibrated = [s for s in plan["ranked"] if s["prediction"]["source"] in ("measured", "interpolated")]
     assert calibrated, "the public measurements' own settings must be planned from their fits"
     # zero3 without checkpointing ran batch 2 and ran out of memory at 3 (public measurements)
     zero3 = next(s for s in calibrated if s["label"] == "zero3 full s2048 fp16")

@@ -30,7 +30,7 @@ def _linear(static_gib: float, per_sample_gib: float, wall: int | None = None):
     def predict(batch: int) -> Prediction:
         memory = (static_gib + per_sample_gib * batch) * GIB
         return Prediction(BASE, batch, GPU.name, Estimate(memory, memory), Estimate(memory, memory * 1.05),
-                          Estimate(1.0, 1.1), "calibrated", wall)
+                          Estimate(1.0, 1.1), "measured", wall)
     return predict
 
 

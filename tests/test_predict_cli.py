@@ -36,7 +36,7 @@ def test_table_output_names_memory_time_and_source(capsys):
     code, out, _ = _run(capsys, "predict", "--model", "llama-3.2-1b", "--batch-size", "4", "--liger",
                         "--lora-rank", "16", "--gradient-checkpointing", "--gpu", "A100-80GB")
     assert code == 0
-    for text in ("peak allocated", "peak reserved", "seconds / step", "source:"):
+    for text in ("peak allocated", "peak reserved", "seconds / step", "evidence:"):
         assert text in out
 
 

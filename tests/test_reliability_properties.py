@@ -104,9 +104,9 @@ def test_every_planned_batch_is_the_largest_inside_the_usable_memory(shape, capa
 
 def _inside(prediction, budget: MemoryBudget) -> bool:
     """Below any observed wall or OOM, and the upper bound of reserved memory within the usable memory
-    or the batch (or a larger one) measured healthy with a peak within the card."""
+    or the batch (or a larger one) measured healthy with a peak within the card less the user's margins."""
     wall = prediction.wall_batch
-    measured = any(batch >= prediction.micro_batch and peak <= budget.capacity_bytes
+    measured = any(batch >= prediction.micro_batch and peak <= budget.measured_limit_bytes
                    for batch, peak in prediction.measured_healthy)
     return (prediction.peak_reserved.upper <= budget.usable_bytes or measured) and (wall is None or prediction.micro_batch < wall)
 

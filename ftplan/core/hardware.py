@@ -22,7 +22,12 @@ COLUMNS = ("name", "memory_gib", "bf16_dense_tflops", "memory_bandwidth_gbs")
 
 @dataclass(frozen=True)
 class GpuSpec:
-    """One GPU model. intra_node_gbs is the per-direction GPU-to-GPU bandwidth inside a node."""
+    """One GPU model. intra_node_gbs is the per-direction GPU-to-GPU bandwidth inside a node.
+
+    memory_gib is the datasheet figure; torch_total_gib what PyTorch reports the card can hold
+    (`total capacity` in its OOM messages, e.g. 79.14 GiB for an A100 80 GB), which is what a
+    batch may fill: budgeting the marketing figure planned batches that ran out of memory.
+    """
 
     name: str
     memory_gib: float
@@ -31,10 +36,11 @@ class GpuSpec:
     intra_node_gbs: float = 32.0
     interconnect: str = ""
     source: str = ""
+    torch_total_gib: float | None = None
 
     @property
     def memory_bytes(self) -> int:
-        return int(self.memory_gib * GIB)
+        return int((self.torch_total_gib or self.memory_gib) * GIB)
 
 
 def _normalise(name: str) -> str:

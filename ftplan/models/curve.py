@@ -13,7 +13,7 @@ Slopes are never negative, so predictions never fall as batch or sequence length
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -46,6 +46,8 @@ class Curve:
     feature_max: float  # largest calibrated first feature (batch or scaled tokens): bounds widen beyond it
     n_points: int
     r2: float | None
+    bound_lines: tuple[Line, ...] = ()  # phases the points never saw, at their steepest plausible slope
+    widening_per_doubling: float = 0.0  # relative widening per doubling beyond feature_max
 
     def features(self, batch: np.ndarray, seq_len: np.ndarray) -> np.ndarray:
         return features(np.asarray(batch, float), np.asarray(seq_len, float), self.seq_ref)
@@ -55,23 +57,43 @@ class Curve:
         return np.max([line(x) for line in self.lines], axis=0)
 
     def predict(self, batch: int, seq_len: int) -> Estimate:
+        """Mean and upper bound; the bound widens with the distance beyond the largest calibrated point:
+        the residuals' share grows linearly, a relative share per doubling (sized by benchmarks/accuracy.py
+        from held-out larger batches), and any phase the points never reached enters at its steepest slope."""
         x = self.features(np.array([batch]), np.array([seq_len]))
         mean = float(np.max([line(x) for line in self.lines]))
-        widen = max(1.0, float(x[0, 0]) / self.feature_max)  # slope uncertainty grows with distance
-        upper = mean + max(Z_95 * self.sigma * widen, self.floor_fraction * abs(mean))
+        widen = max(1.0, float(x[0, 0]) / self.feature_max)
+        relative = self.floor_fraction + self.widening_per_doubling * np.log2(widen)
+        upper = mean + max(Z_95 * self.sigma * widen, relative * abs(mean))
+        upper = max([upper, *(float(line(x)[0]) for line in self.bound_lines)])
         return Estimate(mean=mean, upper=upper)
 
+    def extrapolation(self, batch: int, seq_len: int) -> float:
+        """How far beyond the calibrated points: 1 inside, k for k times the largest calibrated batch (tokens)."""
+        x = self.features(np.array([batch]), np.array([seq_len]))
+        return max(1.0, float(x[0, 0]) / self.feature_max)
+
     def to_json(self) -> dict:
-        return {"lines": [{"intercept": l.intercept, "slopes": list(l.slopes)} for l in self.lines],
+        return {"lines": _lines_json(self.lines), "bound_lines": _lines_json(self.bound_lines),
                 "seq_ref": self.seq_ref, "sigma": self.sigma, "floor_fraction": self.floor_fraction,
+                "widening_per_doubling": self.widening_per_doubling,
                 "feature_max": self.feature_max, "n_points": self.n_points, "r2": self.r2}
 
     @classmethod
     def from_json(cls, data: dict) -> Curve:
-        lines = tuple(Line(float(l["intercept"]), tuple(float(s) for s in l["slopes"])) for l in data["lines"])
-        return cls(lines=lines, seq_ref=data["seq_ref"], sigma=float(data["sigma"]),
+        return cls(lines=_lines_from_json(data["lines"]), bound_lines=_lines_from_json(data["bound_lines"]),
+                   seq_ref=data["seq_ref"], sigma=float(data["sigma"]),
                    floor_fraction=float(data["floor_fraction"]), feature_max=float(data["feature_max"]),
+                   widening_per_doubling=float(data["widening_per_doubling"]),
                    n_points=int(data["n_points"]), r2=data["r2"])
+
+
+def _lines_json(lines: tuple[Line, ...]) -> list[dict]:
+    return [{"intercept": line.intercept, "slopes": list(line.slopes)} for line in lines]
+
+
+def _lines_from_json(data: list[dict]) -> tuple[Line, ...]:
+    return tuple(Line(float(line["intercept"]), tuple(float(s) for s in line["slopes"])) for line in data)
 
 
 def features(batch: np.ndarray, seq_len: np.ndarray, seq_ref: int | None) -> np.ndarray:
@@ -97,6 +119,19 @@ def fit_convex_curve(batch, seq_len, y, floor_fraction: float) -> Curve:
     return _finish(lines, seq_ref, x, y, floor_fraction)
 
 
+def line_below_points(curve: Curve, slopes: tuple[float, ...], batch, seq_len, y) -> Line:
+    """The line of these slopes raised until it touches the points from below."""
+    batch, seq_len, y = (np.asarray(v, float) for v in (batch, seq_len, y))
+    x = curve.features(batch, seq_len)
+    slopes = tuple(max(0.0, float(s)) for s in slopes)
+    return Line(float(np.min(y - x @ np.asarray(slopes))), slopes)
+
+
+def top_slope(curve: Curve) -> float:
+    """The steepest per-token slope of the curve's lines (its first feature): what governs large batches."""
+    return max(line.slopes[0] for line in curve.lines)
+
+
 def with_line_below_points(curve: Curve, slopes: tuple[float, ...], batch, seq_len, y) -> Curve:
     """The curve plus a line of given slopes, raised until it touches the points from below.
 
@@ -105,11 +140,11 @@ def with_line_below_points(curve: Curve, slopes: tuple[float, ...], batch, seq_l
     that stays at or below every point cannot worsen the fit where it was measured; beyond it, the
     maximum keeps whichever slope is steeper, since the curve is convex.
     """
-    batch, seq_len, y = (np.asarray(v, float) for v in (batch, seq_len, y))
-    x = curve.features(batch, seq_len)
-    slopes = tuple(max(0.0, float(s)) for s in slopes)
-    line = Line(float(np.min(y - x @ np.asarray(slopes))), slopes)
-    return _finish(tuple(dict.fromkeys((*curve.lines, line))), curve.seq_ref, x, y, curve.floor_fraction)
+    line = line_below_points(curve, slopes, batch, seq_len, y)
+    x = curve.features(np.asarray(batch, float), np.asarray(seq_len, float))
+    finished = _finish(tuple(dict.fromkeys((*curve.lines, line))), curve.seq_ref, x, np.asarray(y, float),
+                       curve.floor_fraction)
+    return replace(finished, bound_lines=curve.bound_lines, widening_per_doubling=curve.widening_per_doubling)
 
 
 def best_knot(batch: np.ndarray, y: np.ndarray) -> float | None:

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -21,7 +20,13 @@ from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import find_gpu
 from ftplan.core.settings import Setting
 from ftplan.models.bytes_per_param import FP32_BYTES
-from ftplan.models.curve import Curve, fit_convex_curve, with_line_below_points
+from ftplan.models.curve import (
+    Curve,
+    fit_convex_curve,
+    line_below_points,
+    top_slope,
+    with_line_below_points,
+)
 from ftplan.models.prediction import Estimate
 from ftplan.models.prior import (
     ComputeRate,
@@ -29,6 +34,7 @@ from ftplan.models.prior import (
     fit_compute_rate,
     ladder_slopes,
     logit_elements_per_sample,
+    memory_terms,
 )
 from ftplan.models.wall import healthy_points, reserved_capped
 
@@ -53,41 +59,59 @@ SAFETY_MARGIN = 0.02
 # no logits; its overhead stays at 1-3 GiB at any batch.
 LOGIT_BLOCKS_HIGHEST = 0.92
 MAX_BATCH = 4096      # search ceiling when memory stops growing with batch
+# Measured per-sample memory (the steepest line of a whole ladder's fit) over the prior's count of
+# stored activations and loss (models/activations.py), on every shipped and public ladder of three or
+# more batches: 0.845 (Llama-3-8B LoRA + ZeRO-2 offload) to 1.154 (Llama-3.2-1B + Liger); the phase
+# test in tests/test_phase_model.py recomputes them from the data. A fitted slope below the low end
+# means the points sit in another phase (the optimizer step), and never sets the large-batch slope.
+ACTIVATION_SLOPE_LOW = 0.84
+ACTIVATION_SLOPE_HIGH = 1.16
+# Relative widening of the allocated-memory bound per doubling beyond the largest calibrated batch,
+# sized from held-out larger batches by `python benchmarks/accuracy.py` (its "widening" line).
+ALLOCATED_WIDENING_PER_DOUBLING = 0.0
 
 
 @dataclass(frozen=True)
 class Overhead:
-    """Reserved minus allocated memory (allocator cache and fragmentation), in bytes.
+    """Reserved minus allocated memory (allocator cache and fragmentation) at each measured batch, in bytes.
 
-    A constant taken from the larger half of the batches, not a line: it varies by several GiB
-    from one batch to the next without a trend that three points could extrapolate, and it is
-    the large batches that decide what fits.
+    Interpolated between measured batches, not a constant: it grows with the logits the unfused loss
+    strands, so the overhead of the largest batch overstated small ones by up to 67% of their
+    reserved memory (qwen2.5-0.5b with checkpointing, batch 1: 22.7 GiB predicted, 13.6 GiB measured).
+    It jumps by GiBs between neighbouring batches without a trend three points could extrapolate, so
+    the bound takes the larger neighbour inside the measured range and the largest seen beyond it.
+    A point whose reserved memory the card capped still counts: what the run wanted was at least that.
     """
 
-    typical: float   # median over the larger half
-    highest: float   # largest observed there
-    n_points: int
-    largest_tokens: float = 0.0  # batch·seq of the largest measured point
-    at_largest: float = 0.0      # the overhead there
+    points: tuple[tuple[float, float], ...]  # (batch·seq, overhead), sorted by tokens
 
     @classmethod
     def fit(cls, records: list[dict]) -> Overhead:
-        measured = sorted((r["micro_batch"] * r["seq_len"], r["peak_reserved_bytes"] - r["peak_allocated_bytes"])
-                          for r in records if r.get("peak_reserved_bytes") and not reserved_capped(r))
-        larger = [gap for _, gap in measured[len(measured) // 2:]]
-        if not larger:  # no reserved memory measured (CPU): no caching allocator, nothing to add
-            return cls(0.0, 0.0, 0)
-        tokens, gap = measured[-1]
-        return cls(float(statistics.median(larger)), float(max(larger)), len(measured), float(tokens), float(gap))
+        measured = sorted((float(r["micro_batch"] * r["seq_len"]), float(r["peak_reserved_bytes"] - r["peak_allocated_bytes"]))
+                          for r in records if r.get("peak_reserved_bytes"))
+        return cls(tuple(measured))
+
+    @property
+    def highest(self) -> float:
+        return max((gap for _, gap in self.points), default=0.0)
+
+    def at(self, tokens: float) -> Estimate:
+        """Mean and bound of the overhead at batch·seq tokens; 0 without measurements (CPU: no caching allocator)."""
+        if not self.points:
+            return Estimate(0.0, 0.0)
+        xs, gaps = zip(*self.points)
+        mean = float(np.interp(tokens, xs, gaps))
+        if tokens > xs[-1]:
+            return Estimate(mean, self.highest)
+        above = next(i for i, x in enumerate(xs) if x >= tokens)
+        return Estimate(mean, max(gaps[max(0, above - 1)], gaps[above]))
 
     def to_json(self) -> dict:
-        return {"typical": self.typical, "highest": self.highest, "n_points": self.n_points,
-                "largest_tokens": self.largest_tokens, "at_largest": self.at_largest}
+        return {"points": [list(p) for p in self.points]}
 
     @classmethod
     def from_json(cls, data: dict) -> Overhead:
-        return cls(float(data["typical"]), float(data["highest"]), int(data["n_points"]),
-                   float(data["largest_tokens"]), float(data["at_largest"]))
+        return cls(tuple((float(x), float(gap)) for x, gap in data["points"]))
 
 
 @dataclass(frozen=True)
@@ -129,18 +153,26 @@ class SettingFit:
         return self.allocated.predict(batch, seq_len)
 
     def peak_reserved(self, batch: int, seq_len: int) -> Estimate:
-        """Allocated plus the allocator's overhead: the constant seen in the setting (typical for the
-        mean, the largest for the bound) or, once the logits dominate, the blocks they strand."""
+        """Allocated plus the allocator's overhead: as measured around this batch or, once the logits
+        dominate beyond the measured batches, the blocks they strand."""
         allocated = self.allocated.predict(batch, seq_len)
-        logits = batch * seq_len * self.logit_bytes_per_token
-        return Estimate(mean=allocated.mean + max(self.overhead.typical, self.stranded_logit_share * logits),
-                        upper=allocated.upper + max(self.overhead.highest, LOGIT_BLOCKS_HIGHEST * logits))
+        tokens = batch * seq_len
+        overhead = self.overhead.at(tokens)
+        stranded = Estimate(0.0, 0.0)
+        if self.overhead.points and tokens > self.overhead.points[-1][0]:
+            logits = tokens * self.logit_bytes_per_token
+            stranded = Estimate(self.stranded_logit_share * logits, LOGIT_BLOCKS_HIGHEST * logits)
+        return Estimate(mean=allocated.mean + max(overhead.mean, stranded.mean),
+                        upper=allocated.upper + max(overhead.upper, stranded.upper))
 
     @property
     def stranded_logit_share(self) -> float:
         """Overhead per logits byte at the largest measured batch (capped by the bound's share)."""
-        logits = self.overhead.largest_tokens * self.logit_bytes_per_token
-        return min(self.overhead.at_largest / logits, LOGIT_BLOCKS_HIGHEST) if logits else 0.0
+        if not self.overhead.points:
+            return 0.0
+        tokens, gap = self.overhead.points[-1]
+        logits = tokens * self.logit_bytes_per_token
+        return min(gap / logits, LOGIT_BLOCKS_HIGHEST) if logits else 0.0
 
     def seconds_per_step(self, batch: int, seq_len: int) -> Estimate:
         return self.time.predict(batch, seq_len)
@@ -225,7 +257,8 @@ def fit_setting(records: list[dict], compute_rate: ComputeRate | None = None) ->
     healthy, walls = healthy_points(records)
     if len({(r["seq_len"], r["micro_batch"]) for r in healthy}) < 2:
         raise FtplanError(f"{label}: fewer than two healthy batch sizes measured, nothing to fit")
-    allocated = fit_convex_curve(*_columns(healthy, "peak_allocated_bytes"), ALLOCATED_FLOOR)
+    allocated = with_activation_phase(fit_convex_curve(*_columns(healthy, "peak_allocated_bytes"), ALLOCATED_FLOOR),
+                                      healthy, first)
     timed = [r for r in healthy if r.get("seconds_per_step")]
     if len({r["micro_batch"] for r in timed}) < 2:
         raise FtplanError(f"{label}: fewer than two timed batch sizes measured, nothing to fit")
@@ -238,6 +271,39 @@ def fit_setting(records: list[dict], compute_rate: ComputeRate | None = None) ->
                       allocated=allocated, overhead=Overhead.fit(healthy), time=time, walls=walls,
                       records=tuple(records), compute_rate=compute_rate if slopes else None,
                       logit_bytes_per_token=_logit_bytes_per_token(first))
+
+
+def with_activation_phase(curve: Curve, healthy: list[dict], record: dict) -> Curve:
+    """The curve with the activation phase the architecture implies, where its points cannot show it.
+
+    Peak memory is the largest of the phase peaks. When every calibrated batch sits in the optimizer
+    step's phase (full fine-tuning with checkpointing and Liger: flat from batch 1 to 4), the fitted
+    slope is about 0 and says nothing of the activations that dominate from batch ~16. Then the mean
+    follows the prior's per-sample bytes at their lowest measured ratio and the bound at their highest,
+    each line raised until it touches the points from below: the activation phase cannot lie above
+    what was measured, and beyond the points it grows at least as fast as the stored tensors.
+    """
+    per_token = _prior_bytes_per_token(record)
+    if not per_token:
+        return replace(curve, widening_per_doubling=ALLOCATED_WIDENING_PER_DOUBLING)
+    seq_ref = curve.seq_ref or record["seq_len"]
+    slopes = (per_token * seq_ref,) if curve.seq_ref is None else (per_token * seq_ref, 0.0)
+    columns = _columns(healthy, "peak_allocated_bytes")
+    if top_slope(curve) < ACTIVATION_SLOPE_LOW * slopes[0]:
+        curve = with_line_below_points(curve, tuple(ACTIVATION_SLOPE_LOW * s for s in slopes), *columns)
+        steepest = line_below_points(curve, tuple(ACTIVATION_SLOPE_HIGH * s for s in slopes), *columns)
+        curve = replace(curve, bound_lines=(steepest,))
+    return replace(curve, widening_per_doubling=ALLOCATED_WIDENING_PER_DOUBLING)
+
+
+def _prior_bytes_per_token(record: dict) -> float:
+    """The prior's activation and loss bytes per token of this setting; 0 for an unknown architecture."""
+    try:
+        arch = cached_architecture(record["model"])
+    except FtplanError:
+        return 0.0
+    setting = Setting.from_dict(record)
+    return memory_terms(arch, setting).per_sample / setting.seq_len
 
 
 def _logit_bytes_per_token(record: dict) -> float:
@@ -287,14 +353,6 @@ def compute_rate_for(gpu_name: str, others: list[LadderSlope]) -> ComputeRate | 
 
 def _columns(records: list[dict], key: str) -> tuple[list[int], list[int], list[float]]:
     return ([r["micro_batch"] for r in records], [r["seq_len"] for r in records], [float(r[key]) for r in records])
-
-
-def largest_safe_batch(fit: SettingFit, seq_len: int, capacity_bytes: int, margin: float = SAFETY_MARGIN) -> int:
-    """models/safe_batch.py's rule for one fit on a card of this capacity (imported here lazily:
-    that module builds on this one)."""
-    from ftplan.models.safe_batch import MemoryBudget, fit_largest_safe_batch
-
-    return fit_largest_safe_batch(fit, seq_len, MemoryBudget(capacity_bytes, margin))
 
 
 def group_records(records: list[dict]) -> list[list[dict]]:

@@ -7,9 +7,11 @@ from dataclasses import dataclass, field
 from ftplan.core.settings import Setting
 
 # Where a prediction came from, in decreasing order of trust.
-SOURCE_CALIBRATED = "calibrated"      # inside the calibrated batch range of this exact setting
-SOURCE_EXTRAPOLATED = "extrapolated"  # fitted line for this setting, batch outside the calibrated range
-SOURCE_PRIOR = "prior"                # analytic prior (possibly corrected by related calibrations)
+SOURCE_MEASURED = "measured"          # this exact setting, batch and card ran
+SOURCE_INTERPOLATED = "interpolated"  # inside the calibrated batch range of this exact setting and card
+SOURCE_EXTRAPOLATED = "extrapolated"  # beyond the calibrated batches, or from a relative (length, card, GPU count)
+SOURCE_PRIOR = "prior"                # analytic prior alone (its constants learned from other calibrations)
+SOURCE_CALIBRATED = SOURCE_INTERPOLATED  # inside the calibrated range (what the Trainer callback compares)
 
 
 @dataclass(frozen=True)
@@ -34,3 +36,11 @@ class Prediction:
     wall_batch: int | None = None           # smallest batch observed at the allocator wall or OOM, if known
     measured_healthy: tuple[tuple[int, float], ...] = ()  # (batch, measured peak bytes) that ran below it
     notes: tuple[str, ...] = field(default=())
+    extrapolation: float = 1.0              # batch (tokens) over the largest calibrated one, when beyond it
+
+    @property
+    def evidence(self) -> str:
+        """What the numbers rest on, for every table row: measured, interpolated, extrapolated ×k or prior."""
+        if self.source == SOURCE_EXTRAPOLATED and self.extrapolation > 1:
+            return f"extrapolated ×{self.extrapolation:.1f}"
+        return self.source

@@ -34,8 +34,9 @@ from ftplan.models.communication import (
 from ftplan.models.fit import SettingFit
 from ftplan.models.fitset import FitSet, fit_records
 from ftplan.models.prediction import (
-    SOURCE_CALIBRATED,
     SOURCE_EXTRAPOLATED,
+    SOURCE_INTERPOLATED,
+    SOURCE_MEASURED,
     SOURCE_PRIOR,
     Estimate,
     Prediction,
@@ -110,8 +111,15 @@ class Predictor:
     def constants_for(self, model: str) -> PriorConstants:
         """The prior's constants learned from this model's records, else all records, else defaults."""
         if model not in self._constants:
+            every = self._constants.get("") or fit_constants(self._records, self._catalog, "all calibrations")
+            self._constants[""] = every
             own = fit_constants([r for r in self._records if r.get("model") == model], self._catalog, f"{model} calibrations")
-            self._constants[model] = own if own.n_records else fit_constants(self._records, self._catalog, "all calibrations")
+            # scales from the model's own records; margins never narrower than the prior's error on a
+            # setting left out of all of them (a model's few settings understate what an unseen one misses)
+            self._constants[model] = replace(
+                own, memory_margin=max(own.memory_margin, every.memory_margin),
+                reserved_margin=max(own.reserved_margin, every.reserved_margin),
+                time_margin=max(own.time_margin, every.time_margin)) if own.n_records else every
         return self._constants[model]
 
     def _predict(self, setting: Setting, batch: int, gpu: GpuSpec) -> Prediction:
@@ -138,10 +146,16 @@ class Predictor:
         inside = exact and bool(calibrated) and calibrated[0] <= batch <= calibrated[-1]
         if exact and not inside:
             notes.append(f"batch {batch} outside the calibrated batches {calibrated or 'at this length'}: extrapolated")
+        if not exact:  # a relative's fit carries the prior's change: bound it by the prior's own measured error
+            allocated = _widened(allocated, constants.memory_margin)
+            reserved = _widened(reserved, constants.reserved_margin)
+            seconds = _widened(seconds, constants.time_margin)
         wall = fit.observed_limit(seq) if exact else None  # a wall belongs to one card and one setting
-        return Prediction(setting, batch, gpu.name, allocated, reserved, seconds,
-                          SOURCE_CALIBRATED if inside else SOURCE_EXTRAPOLATED, wall_batch=wall,
-                          measured_healthy=fit.measured_healthy(seq) if exact else (), notes=tuple(notes))
+        source = (SOURCE_MEASURED if inside and batch in calibrated else SOURCE_INTERPOLATED if inside
+                  else SOURCE_EXTRAPOLATED)
+        return Prediction(setting, batch, gpu.name, allocated, reserved, seconds, source, wall_batch=wall,
+                          measured_healthy=fit.measured_healthy(seq) if exact else (), notes=tuple(notes),
+                          extrapolation=fit.allocated.extrapolation(batch, fit_seq))
 
     def _from_prior(self, setting: Setting, batch: int, gpu: GpuSpec, prior: PriorEstimate,
                     constants: PriorConstants) -> Prediction:
@@ -237,6 +251,11 @@ class Predictor:
     def _communication_note(self, setting: Setting) -> str:
         where = f"{setting.gpus} GPUs x {setting.nodes} nodes" if setting.nodes > 1 else f"{setting.gpus} GPUs"
         return f"step time adds modelled gradient communication over {where}"
+
+
+def _widened(estimate: Estimate, margin: float) -> Estimate:
+    """At least the relative margin above the mean."""
+    return replace(estimate, upper=max(estimate.upper, estimate.mean * (1 + margin)))
 
 
 def _shift(estimate: Estimate, delta: float) -> Estimate:

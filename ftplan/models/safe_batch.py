@@ -2,13 +2,14 @@
 
 A batch is safe when it stays below any batch observed at the allocator wall or out of memory, and
 either the *upper* bound of per-GPU peak reserved memory stays within capacity·(1 − margin) −
-context reserve or the batch was itself measured healthy on such a card (observations outrank any
-fit, both ways). The planner (over Predictor answers) and the accuracy benchmark (over one
-SettingFit) both call `largest_safe_batch`, so the batch the planner recommends is the batch the
-benchmark scores.
+context reserve, or the batch was itself measured healthy with a peak that fits the same budget
+less the margin meant for predictions (observations outrank any fit, both ways). A margin the user
+sets applies to measured batches too: someone who keeps 10% free for another process means it.
+The planner (over Predictor answers) and the accuracy benchmark (over one SettingFit) both call
+`largest_safe_batch`, so the batch the planner recommends is the batch the benchmark scores.
 
-The context reserve is 0 by default: calibrations measure torch's reserved bytes on the same
-kind of card the plan is for, so the margin alone covers the CUDA context there.
+The context reserve is 0 by default: capacities are what PyTorch can allocate on the card (measured
+by calibration, else the catalog's PyTorch-reported total), so the CUDA context is already outside.
 """
 
 from __future__ import annotations
@@ -25,37 +26,52 @@ DEFAULT_CONTEXT_RESERVE_GIB = 0.0
 
 @dataclass(frozen=True)
 class MemoryBudget:
-    """How much of a card a batch may use: capacity·(1 − margin) − context reserve."""
+    """How much of a card a batch may use: capacity·(1 − margin) − context reserve.
+
+    safety_margin None is the default policy: SAFETY_MARGIN above predicted bounds, none above a
+    batch that was measured (its peak is no estimate). A number is the user's, for both.
+    """
 
     capacity_bytes: int
-    safety_margin: float = SAFETY_MARGIN
+    safety_margin: float | None = None
     context_reserve_bytes: int = int(DEFAULT_CONTEXT_RESERVE_GIB * GIB)
     capacity_source: str = "catalog"
 
     def __post_init__(self) -> None:
-        if not 0 <= self.safety_margin < 1:
-            raise FtplanError(f"safety margin must be in [0, 1), got {self.safety_margin}")
+        if not 0 <= self.margin < 1:
+            raise FtplanError(f"safety margin must be in [0, 1), got {self.margin}")
         if self.context_reserve_bytes < 0:
             raise FtplanError(f"CUDA-context reserve must be >= 0, got {self.context_reserve_bytes / GIB:g} GiB")
         if self.usable_bytes <= 0:
             raise FtplanError(f"no usable memory: {self.describe()}")
 
     @property
+    def margin(self) -> float:
+        """The margin above predicted bounds."""
+        return SAFETY_MARGIN if self.safety_margin is None else self.safety_margin
+
+    @property
     def usable_bytes(self) -> int:
-        return int(self.capacity_bytes * (1 - self.safety_margin) - self.context_reserve_bytes)
+        """What a predicted upper bound may reach."""
+        return int(self.capacity_bytes * (1 - self.margin) - self.context_reserve_bytes)
+
+    @property
+    def measured_limit_bytes(self) -> int:
+        """What a measured peak may reach: the card less the user's own margins."""
+        return int(self.capacity_bytes * (1 - (self.safety_margin or 0.0)) - self.context_reserve_bytes)
 
     def describe(self) -> str:
         text = (f"usable {self.usable_bytes / GIB:.1f} GiB = {self.capacity_bytes / GIB:.1f} GiB "
-                f"({self.capacity_source}) × (1 − {self.safety_margin:.0%} safety margin)")
+                f"({self.capacity_source}) × (1 − {self.margin:.0%} safety margin)")
         if self.context_reserve_bytes:
             text += f" − {self.context_reserve_bytes / GIB:g} GiB CUDA-context reserve"
         return text
 
 
-def proven_batch(measured_healthy: Sequence[tuple[int, float]], capacity_bytes: int) -> int | None:
-    """Largest batch that ran healthily with a measured peak within this card: safe by observation
+def proven_batch(measured_healthy: Sequence[tuple[int, float]], limit_bytes: int) -> int | None:
+    """Largest batch that ran healthily with a measured peak within the limit: safe by observation
     (qwen2.5-0.5b full ran at batch 19, 99.2% of an H200, where the fit's bound is cautious)."""
-    return max((batch for batch, peak in measured_healthy if peak <= capacity_bytes), default=None)
+    return max((batch for batch, peak in measured_healthy if peak <= limit_bytes), default=None)
 
 
 def is_safe(batch: int, reserved_upper_bytes: float, budget: MemoryBudget, observed_limit: int | None,
@@ -63,8 +79,8 @@ def is_safe(batch: int, reserved_upper_bytes: float, budget: MemoryBudget, obser
     """The rule for one batch: below the smallest batch seen at the wall or OOM, and either no larger
     than a batch measured healthy within the card or under the usable memory."""
     below_limit = observed_limit is None or batch < observed_limit
-    proven = proven_batch(measured_healthy, budget.capacity_bytes)
-    return below_limit and ((proven is not None and batch <= proven) or reserved_upper_bytes <= budget.usable_bytes)
+    proven = proven_batch(measured_healthy, budget.measured_limit_bytes)
+    return bool(below_limit and ((proven is not None and batch <= proven) or reserved_upper_bytes <= budget.usable_bytes))
 
 
 def largest_safe_batch(reserved_upper: Callable[[int], float], budget: MemoryBudget,

@@ -13,7 +13,6 @@ from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.host_memory import host_bytes_per_node
 from ftplan.models.prediction import (
-    SOURCE_CALIBRATED,
     SOURCE_EXTRAPOLATED,
     SOURCE_PRIOR,
 )
@@ -135,8 +134,9 @@ def warnings_for(plan: Plan) -> list[str]:
         return [f"no {kind}setup fits and finishes{why}; see the lists below the table"]
     found = []
     if rec.best.source == SOURCE_EXTRAPOLATED:
-        found.append(f"batch {rec.batch} lies outside the calibrated batch range of {rec.label}: "
-                     "memory and time are extrapolated; confirm with a short run before committing")
+        found.append(f"{rec.label} at batch {rec.batch} is {rec.best.evidence} beyond what was calibrated: "
+                     "its safety bound is widened for that distance; confirm with a short run "
+                     "(`ftplan calibrate` verifies the recommended batch) before committing")
     elif rec.best.source == SOURCE_PRIOR:
         found.append(f"{rec.label} was never calibrated on this GPU: the recommendation rests on the "
                      "analytic prior alone; run `ftplan calibrate` for it before committing")
@@ -178,8 +178,8 @@ def source_label(setup: SetupPlan, failed: dict[Setting, str]) -> str:
     """How a row's numbers were obtained, in words a user cannot misread as a measurement."""
     if failed_like(setup.setting, failed):
         return "unmeasured: trial failed"
-    source = (setup.best or setup.at_batch_one).source
-    return {SOURCE_CALIBRATED: "measured", SOURCE_PRIOR: "prior, unmeasured"}.get(source, source)
+    prediction = setup.best or setup.at_batch_one
+    return "prior, unmeasured" if prediction.source == SOURCE_PRIOR else prediction.evidence
 
 
 def unmeasured_notes(plan: Plan, failed: dict[Setting, str]) -> list[str]:

@@ -77,7 +77,7 @@ def _row(count: CountPlan, setup: SetupPlan) -> dict:
             "reserved_gib": best.peak_reserved.mean / GIB, "reserved_upper_gib": best.peak_reserved.upper / GIB,
             "seconds_per_step": eta.seconds_per_step, "samples_per_step": setup.batch * count.gpus,
             "samples_per_second": setup.batch * count.gpus / eta.seconds_per_step, "steps": eta.steps,
-            "hours": eta.hours, "cost": eta.cost, "source": best.source}
+            "hours": eta.hours, "cost": eta.cost, "source": best.evidence}
 
 
 def scaling_rows(counts: list[CountPlan], kind: str) -> pd.DataFrame:

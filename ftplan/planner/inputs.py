@@ -63,8 +63,9 @@ def budget_options(command: Callable) -> Callable:
                            default=DEFAULT_CONTEXT_RESERVE_GIB, show_default=True,
                            help="GiB kept for the CUDA context and NCCL buffers on top of the margin "
                                 "(torch's reserved bytes omit them).")(command)
-    return click.option("--safety-margin", type=FINITE_FLOAT, default=DEFAULT_SAFETY_MARGIN, show_default=True,
-                        help="Fraction of capacity kept free above the upper prediction bound.")(command)
+    return click.option("--safety-margin", type=FINITE_FLOAT, default=None,
+                        help="Fraction of capacity kept free, above predicted bounds and measured peaks alike.  "
+                             f"[default: {DEFAULT_SAFETY_MARGIN:.0%} above predicted bounds, none above measured peaks]")(command)
 
 
 def link_options(command: Callable) -> Callable:
@@ -166,7 +167,7 @@ class Evidence:
         totals = [r.get("gpu_memory_total_bytes") or 0 for r in self.records if self.card_of(r) == gpu]
         return max(totals, default=0) or None
 
-    def budget(self, gpu: GpuSpec, safety_margin: float, context_reserve_gib: float) -> MemoryBudget:
+    def budget(self, gpu: GpuSpec, safety_margin: float | None, context_reserve_gib: float) -> MemoryBudget:
         """Capacity from the user's own spec if given, else as measured, else the catalog's."""
         shipped = load_catalog().get(gpu.name) == gpu
         measured = self.measured_capacity(gpu) if shipped else None

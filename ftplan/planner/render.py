@@ -17,7 +17,7 @@ from ftplan.planner.eta import Eta, format_duration
 from ftplan.planner.gpu_counts import KINDS, ScalingPlan
 from ftplan.planner.search import Plan, SetupPlan
 
-SOURCE_STYLE = {"measured": "green", "extrapolated": "yellow"}  # anything else is unmeasured: red
+SOURCE_STYLE = {"measured": "green", "interpolated": "green", "extrapolated": "yellow"}  # anything else: red
 
 
 def _gib(estimate: Estimate) -> dict:
@@ -30,7 +30,7 @@ def prediction_to_dict(prediction: Prediction) -> dict:
             "peak_reserved_gib": _gib(prediction.peak_reserved),
             "seconds_per_step": {"mean": prediction.seconds_per_step.mean,
                                  "upper": prediction.seconds_per_step.upper},
-            "source": prediction.source, "wall_batch": prediction.wall_batch,
+            "source": prediction.source, "evidence": prediction.evidence, "wall_batch": prediction.wall_batch,
             "measured_healthy": [{"batch": b, "peak_reserved_gib": peak / GIB} for b, peak in prediction.measured_healthy],
             "notes": list(prediction.notes)}
 
@@ -60,7 +60,7 @@ def plan_to_dict(plan: Plan, failed: dict[Setting, str] | None = None) -> dict:
                     "epochs": request.epochs, "price_per_gpu_hour": request.price_per_gpu_hour,
                     "max_hours": request.max_hours, "by": request.by, "training": request.training,
                     "host_memory_gib": request.host_memory_gib},
-        "memory_budget": {"capacity_gib": budget.capacity_bytes / GIB, "safety_margin": budget.safety_margin,
+        "memory_budget": {"capacity_gib": budget.capacity_bytes / GIB, "safety_margin": budget.margin, "measured_limit_gib": budget.measured_limit_bytes / GIB,
                           "context_reserve_gib": budget.context_reserve_bytes / GIB,
                           "usable_gib": budget.usable_bytes / GIB},
         "ranked": [setup_to_dict(s, failed) for s in plan.ranked],
@@ -83,7 +83,7 @@ def _samples(request) -> str:
 
 
 def _source_cell(label: str) -> str:
-    return f"[{SOURCE_STYLE.get(label, 'red')}]{label}[/]"
+    return f"[{SOURCE_STYLE.get(label.split(' ')[0], 'red')}]{label}[/]"
 
 
 def _host_cell(setup: SetupPlan) -> str:
@@ -179,10 +179,10 @@ def eta_lines(prediction: Prediction, eta: Eta, fits: bool, budget: MemoryBudget
 
 
 def gpu_table(catalog: dict[str, GpuSpec]) -> Table:
-    table = Table("name", "memory GiB", "bf16 dense TFLOP/s", "bandwidth GB/s", "GPU-GPU GB/s", "interconnect",
+    table = Table("name", "memory GiB", "PyTorch GiB", "bf16 dense TFLOP/s", "bandwidth GB/s", "GPU-GPU GB/s", "interconnect",
                   "source")
     for spec in catalog.values():
-        table.add_row(spec.name, f"{spec.memory_gib:g}", f"{spec.bf16_dense_tflops:g}",
+        table.add_row(spec.name, f"{spec.memory_gib:g}", f"{spec.memory_bytes / GIB:.2f}", f"{spec.bf16_dense_tflops:g}",
                       f"{spec.memory_bandwidth_gbs:g}", f"{spec.intra_node_gbs:g}", spec.interconnect, spec.source)
     return table
 
@@ -205,7 +205,7 @@ def scaling_table(scaling: ScalingPlan, failed: dict[Setting, str]) -> Table:
     for kind, rows in scaling.tables.items():
         for row in rows.to_dict("records"):
             bold = chosen is not None and kind == scaling.chosen_kind and row["gpus"] == chosen.gpus
-            source = {"calibrated": "measured", "prior": "prior, unmeasured"}.get(row["source"], row["source"])
+            source = "prior, unmeasured" if row["source"] == "prior" else row["source"]
             if advice.failed_like(Setting.from_dict(row["setting"]), failed):
                 source = "unmeasured: trial failed"
             spend = row["cost"] if priced else row["hours"] * row["gpus"]

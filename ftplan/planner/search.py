@@ -19,7 +19,12 @@ from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.fit import MAX_BATCH, SAFETY_MARGIN, TIME_FLOOR
 from ftplan.models.host_memory import host_bytes_per_node, usable_host_bytes
-from ftplan.models.prediction import SOURCE_CALIBRATED, SOURCE_EXTRAPOLATED, Prediction
+from ftplan.models.prediction import (
+    SOURCE_EXTRAPOLATED,
+    SOURCE_INTERPOLATED,
+    SOURCE_MEASURED,
+    Prediction,
+)
 from ftplan.models.safe_batch import MemoryBudget, is_safe, largest_safe_batch
 from ftplan.planner.eta import Eta, estimate_eta
 
@@ -31,7 +36,7 @@ MAX_SEARCH_BATCH = MAX_BATCH
 # Setups whose time (or cost) lies within the time fit's own floor of relative uncertainty of the
 # best are a tie the numbers cannot break; the recommendation then goes to the best-measured one.
 NEAR_TIE = TIME_FLOOR
-TRUST = {SOURCE_CALIBRATED: 0, SOURCE_EXTRAPOLATED: 1}  # anything else (the prior) ranks after these
+TRUST = {SOURCE_MEASURED: 0, SOURCE_INTERPOLATED: 1, SOURCE_EXTRAPOLATED: 2}  # anything else (the prior) ranks after these
 
 
 class Predictor(Protocol):
@@ -112,8 +117,7 @@ class SetupPlan:
     def label(self) -> str:
         """The setting's label, plus what it omits when it differs from the defaults (calibrated extras)."""
         default = Setting(model=self.setting.model)
-        extras = [self.setting.precision] if self.setting.precision != default.precision else []
-        extras += [self.setting.optimizer] if self.setting.optimizer != default.optimizer else []
+        extras = [self.setting.optimizer] if self.setting.optimizer != default.optimizer else []
         extras += [self.setting.alloc_conf.replace(":True", "")] if self.setting.alloc_conf else []
         return " ".join([self.setting.label(), *extras])
 
@@ -136,7 +140,7 @@ class PlanRequest:
 
     def __post_init__(self) -> None:
         if self.host_memory_gib is not None:
-            usable_host_bytes(self.host_memory_gib, self.budget.safety_margin)  # rejects 0, negative, NaN
+            usable_host_bytes(self.host_memory_gib, self.budget.margin)  # rejects 0, negative, NaN
         if self.dataset_size <= 0:
             raise FtplanError(f"dataset size must be positive, got {self.dataset_size}")
         if self.epochs <= 0:
@@ -156,7 +160,7 @@ class PlanRequest:
         """Host RAM per node offload may fill (the GPU budget's safety margin kept free), None when unknown."""
         if self.host_memory_gib is None:
             return None
-        return usable_host_bytes(self.host_memory_gib, self.budget.safety_margin)
+        return usable_host_bytes(self.host_memory_gib, self.budget.margin)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from ftplan.planner.search import fits_budget
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON.")
 def command(batch_size: int, dataset_size: int, epochs: float, price_per_hour: float | None, gpu_name: str,
             gpu_specs: Path | None, intra_node_bandwidth: str | None,
-            inter_node_bandwidth: str | None, safety_margin: float, context_reserve_gib: float, host_memory_gib: float | None,
+            inter_node_bandwidth: str | None, safety_margin: float | None, context_reserve_gib: float, host_memory_gib: float | None,
             calibrations: tuple[Path, ...], as_json: bool, **options) -> None:
     """How long one configuration takes to finish, what it costs, and whether it fits in memory."""
     from ftplan.core.errors import FtplanError
@@ -51,11 +51,11 @@ def command(batch_size: int, dataset_size: int, epochs: float, price_per_hour: f
     if price_per_hour is not None and price_per_hour <= 0:
         raise FtplanError(f"price per hour must be positive, got {price_per_hour}")
     host_bytes = host_bytes_per_node(load_architecture(setting.model), setting)
-    host_enough = host_memory_gib is None or host_bytes <= usable_host_bytes(host_memory_gib, safety_margin)
     catalog = load_catalog(gpu_specs)
     gpu = find_gpu(gpu_name, catalog)
     evidence = load_evidence(calibrations, catalog)
     budget = evidence.budget(gpu, safety_margin, context_reserve_gib)
+    host_enough = host_memory_gib is None or host_bytes <= usable_host_bytes(host_memory_gib, budget.margin)
     links, _ = evidence.links(gpu, intra_node_bandwidth, inter_node_bandwidth)
     prediction = evidence.predictor_with(links).predict(setting, batch_size, gpu)
     eta = estimate_eta(prediction.seconds_per_step.mean, dataset_size, epochs, batch_size, setting.world_size,

@@ -72,7 +72,7 @@ host_memory_option = click.option(
 def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name: str, gpu_specs: Path | None,
             gpus: str, gpus_per_node: int, intra_node_bandwidth: str | None, inter_node_bandwidth: str | None,
             price_per_hour: float | None, max_hours: float | None, by: str, training: str,
-            lora_ranks: tuple[int, ...], safety_margin: float, context_reserve_gib: float,
+            lora_ranks: tuple[int, ...], safety_margin: float | None, context_reserve_gib: float,
             host_memory_gib: float | None, calibrations: tuple[Path, ...], as_json: bool, emit: Path | None) -> None:
     """Which setup finishes fastest (or cheapest) on this GPU, with its largest safe batch, ETA and cost;
     with several GPU counts, how full and LoRA fine-tuning scale and which count to use."""

@@ -55,15 +55,16 @@ def prediction_to_dict(prediction: Prediction, gpu: GpuSpec) -> dict:
         "peak_reserved_upper_gib": prediction.peak_reserved.upper / GIB,
         "seconds_per_step_upper": prediction.seconds_per_step.upper,
         "fits_in_memory": is_safe(prediction.micro_batch, prediction.peak_reserved.upper,
-                                  MemoryBudget(gpu.memory_bytes, safety_margin=0), prediction.wall_batch,
+                                  MemoryBudget(gpu.memory_bytes, safety_margin=0.0), prediction.wall_batch,
                                   prediction.measured_healthy),
         "gpu": gpu.name,
         "gpu_memory_gib": gpu.memory_gib,
         "micro_batch": prediction.micro_batch,
         "setting": prediction.setting.to_dict(),
         "source": prediction.source,
+        "evidence": prediction.evidence,
         "wall_batch": prediction.wall_batch,
-        "proven_batch": proven_batch(prediction.measured_healthy, gpu.memory_bytes),
+        "proven_batch": proven_batch(prediction.measured_healthy, int(gpu.memory_bytes)),
         "notes": list(prediction.notes),
     }
 
@@ -77,7 +78,7 @@ def print_prediction(prediction: Prediction, gpu: GpuSpec, console: Console) -> 
                   f"{prediction.peak_reserved.upper / GIB:.2f} GiB")
     table.add_row("seconds / step", f"{prediction.seconds_per_step.mean:.3f}", f"{prediction.seconds_per_step.upper:.3f}")
     console.print(table)
-    console.print(f"source: {prediction.source}")
+    console.print(f"evidence: {prediction.evidence}")
     if prediction.wall_batch is not None:
         console.print(f"allocator wall or OOM observed at micro-batch {prediction.wall_batch}")
     proven = proven_batch(prediction.measured_healthy, gpu.memory_bytes)

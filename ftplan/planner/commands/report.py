@@ -32,7 +32,7 @@ from ftplan.planner.inputs import (
 @calibrations_option
 def command(model: str | None, out: Path, dataset_size: int, epochs: float, gpu_specs: Path | None, gpus: str,
             gpus_per_node: int, intra_node_bandwidth: str | None, inter_node_bandwidth: str | None,
-            safety_margin: float, context_reserve_gib: float, calibrations: tuple[Path, ...]) -> None:
+            safety_margin: float | None, context_reserve_gib: float, calibrations: tuple[Path, ...]) -> None:
     """Peak memory and seconds per step vs batch per calibrated setting (measured, fitted, upper bound, the card's
     limit), hours to completion vs batch per setup with a line at the best, and per calibrated model and card the
     speed-up and scaling efficiency of full and LoRA fine-tuning against GPU count: the charts behind `ftplan plan`."""
