@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -18,6 +19,10 @@ from ftplan.core.paths import architectures_dir
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 ALL_LINEAR_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+_OPTIONAL_SIZES = ("num_key_value_heads", "head_dim")
+_FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias")
+LARGEST_SIZE = 2**24  # 16M: 100x the largest vocabulary or hidden size of any released model; above it, a typo
 
 
 @dataclass(frozen=True)
@@ -123,29 +128,71 @@ def available_architectures() -> list[str]:
 
 
 def load_architecture(name_or_path: str) -> Architecture:
-    """A shipped architecture by id (e.g. 'llama-3-8b'), or any Hugging Face config.json by path."""
-    path = Path(name_or_path)
-    if path.suffix == ".json" and path.exists():
-        arch_id = path.parent.name if path.name == "config.json" else path.stem
-    else:
-        path = architectures_dir() / f"{name_or_path}.json"
-        if not path.exists():
-            known = available_architectures()
-            close = difflib.get_close_matches(name_or_path, known, n=3, cutoff=0.4)
-            hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(known)}"
-            raise FtplanError(f"unknown model '{name_or_path}'{hint} (or pass a path to a config.json)")
-        arch_id = name_or_path
+    """A shipped architecture by id (e.g. 'llama-3-8b'), a Hugging Face config.json by path, or a local
+    model folder holding one; the config is checked here, so a bad one fails in one line, not in a fit."""
+    path, arch_id = _config_path(name_or_path)
     try:
-        config = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        config = json.loads(path.read_bytes())
+    except RecursionError:
+        raise FtplanError(f"cannot read model config {path}: JSON nested too deeply") from None
+    except (OSError, ValueError) as exc:  # ValueError: not JSON, not UTF-8, or a number too long
         raise FtplanError(f"cannot read model config {path}: {exc}") from None
-    missing = [k for k in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
-                           "num_attention_heads", "vocab_size") if k not in config]
-    if missing:
-        raise FtplanError(f"{path} is not a decoder-only model config: missing {', '.join(missing)}")
-    if config["model_type"] not in SUPPORTED_MODEL_TYPES:
-        raise FtplanError(f"{path}: model_type '{config['model_type']}' not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    problem = config_problem(config)
+    if problem:
+        raise FtplanError(f"{path}: {problem}")
     return Architecture(id=arch_id, config=config)
+
+
+def _config_path(name_or_path: str) -> tuple[Path, str]:
+    """(config file, architecture id); anything that looks like a path is reported as a path, not as an unknown model."""
+    path = Path(name_or_path)
+    shipped = architectures_dir() / f"{name_or_path}.json"
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FtplanError(f"{path} is a folder without a config.json (a local Hugging Face model folder holds one)")
+        return path / "config.json", path.resolve().name
+    if path.suffix == ".json" or "/" in name_or_path or os.sep in name_or_path:
+        if not path.is_file():
+            raise FtplanError(f"model config {path} does not exist")
+        return path, path.parent.resolve().name if path.name == "config.json" else path.stem
+    if not shipped.is_file():
+        known = available_architectures()
+        close = difflib.get_close_matches(name_or_path, known, n=3, cutoff=0.4)
+        hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(known)}"
+        raise FtplanError(f"unknown model '{name_or_path}'{hint} (or pass a path to a config.json or a model folder)")
+    return shipped, name_or_path
+
+
+def config_problem(config: object) -> str | None:
+    """Why a config cannot describe a model ftplan can count, or None.
+
+    Every size is divided by or multiplied into memory estimates: a zero head count was a
+    ZeroDivisionError, a size given as text a TypeError, a negative one a negative GiB.
+    """
+    if not isinstance(config, dict):
+        return "is not a JSON object"
+    missing = [k for k in ("model_type", *_SIZES) if k not in config]
+    if missing:
+        return f"is not a decoder-only model config: missing {', '.join(missing)}"
+    if not isinstance(config["model_type"], str) or config["model_type"] not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {config['model_type']!r} not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+    for key in (*_SIZES, *_OPTIONAL_SIZES):
+        value = config.get(key)
+        if (key in _SIZES or value is not None) and not _is_size(value):
+            return f"{key} must be a positive integer up to {LARGEST_SIZE}, got {value!r}"
+    for key in _FLAGS:
+        if config.get(key) is not None and not isinstance(config[key], bool):
+            return f"{key} must be true or false, got {config[key]!r}"
+    heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
+    if heads % kv_heads:
+        return f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+    if not config.get("head_dim") and config["hidden_size"] % heads:
+        return f"hidden_size {config['hidden_size']} is not a multiple of num_attention_heads {heads} (and no head_dim)"
+    return None
+
+
+def _is_size(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= LARGEST_SIZE
 
 
 @lru_cache(maxsize=64)

@@ -1,0 +1,75 @@
+"""A bad model config is one clear FtplanError at load, never a ZeroDivisionError later or a negative GiB;
+a path that does not exist or a folder says so, and a local Hugging Face model folder loads its config.json."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ftplan.core.architecture import load_architecture
+from ftplan.core.errors import FtplanError
+from tests.helpers import run_ftplan
+
+TINY = {k: v for k, v in load_architecture("tiny-llama").config.items() if not k.startswith("_")}
+
+BAD_CONFIGS = {
+    "zero heads": ({"num_attention_heads": 0}, "num_attention_heads must be a positive integer up to 16777216, got 0"),
+    "hidden size as text": ({"hidden_size": "256"}, "hidden_size must be a positive integer up to 16777216, got '256'"),
+    "NaN layers": ({"num_hidden_layers": float("nan")}, "num_hidden_layers must be a positive integer up to 16777216, got nan"),
+    "negative intermediate": ({"intermediate_size": -688}, "intermediate_size must be a positive integer up to 16777216, got -688"),
+    "absurd vocab": ({"vocab_size": 10**30}, "vocab_size must be a positive integer"),
+    "zero kv heads": ({"num_key_value_heads": 0}, "num_key_value_heads must be a positive integer up to 16777216, got 0"),
+    "heads not a multiple of kv heads": ({"num_key_value_heads": 3}, "not a multiple of num_key_value_heads"),
+    "hidden not a multiple of heads": ({"hidden_size": 250}, "hidden_size 250 is not a multiple of num_attention_heads 4"),
+    "flag as text": ({"tie_word_embeddings": "false"}, "tie_word_embeddings must be true or false"),
+    "model type as list": ({"model_type": ["llama"]}, "model_type ['llama'] not supported"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_CONFIGS)
+def test_an_impossible_config_is_one_clear_error_at_load(tmp_path, name):
+    changes, words = BAD_CONFIGS[name]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**TINY, **changes}))
+    with pytest.raises(FtplanError) as raised:
+        load_architecture(str(path))
+    assert words in str(raised.value) and str(path) in str(raised.value)
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00garbage", b"[" * 100_000, b"[1, 2]"])
+def test_a_config_that_is_not_a_json_object_is_one_clear_error(tmp_path, content):
+    path = tmp_path / "config.json"
+    path.write_bytes(content)
+    with pytest.raises(FtplanError, match="cannot read model config|is not a JSON object"):
+        load_architecture(str(path))
+
+
+@pytest.mark.parametrize("given", ["missing/config.json", "missing.json", "./missing"])
+def test_a_config_path_that_does_not_exist_says_so_not_unknown_model(tmp_path, monkeypatch, given):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FtplanError, match="does not exist") as raised:
+        load_architecture(given)
+    assert "unknown model" not in str(raised.value)
+
+
+def test_a_folder_without_config_json_says_so(tmp_path):
+    with pytest.raises(FtplanError, match="folder without a config.json"):
+        load_architecture(str(tmp_path))
+
+
+def test_a_local_hugging_face_model_folder_loads_its_config_json(tmp_path):
+    folder = tmp_path / "my-llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY))
+    arch = load_architecture(str(folder))
+    assert arch.id == "my-llama"
+    assert arch.params_total == load_architecture("tiny-llama").params_total
+
+
+def test_the_cli_prints_one_line_for_a_non_utf8_config(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "config.json"
+    path.write_bytes(b'{"model_type": "\xff"}')
+    code, _out, err = run_ftplan(["calibrate", "--model", path, "--device", "cpu", "--out", tmp_path / "c.jsonl"],
+                                 capsys, monkeypatch)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: cannot read model config"), err
