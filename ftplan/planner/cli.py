@@ -8,6 +8,7 @@ pandas or the network calibration.
 
 from __future__ import annotations
 
+import codecs
 import importlib
 import sys
 import warnings
@@ -18,6 +19,9 @@ from ftplan.core.errors import FtplanError
 from ftplan.core.records import printable
 
 EXIT_USER_ERROR = 2
+# One plain character for each non-ASCII one the tables and messages use (one for one, so rich's
+# column widths still hold); anything else becomes "?".
+ASCII_FALLBACKS = str.maketrans("\u2026\u00d7\u00b2\u2264\u2265\u2014\u2013\u2212\u00b5\u2192\u00b1\u00b7", ".x2<>---u>~.")
 
 # name -> "module:attribute", in the order `ftplan --help` lists them
 SUBCOMMANDS = {
@@ -68,8 +72,25 @@ def _usage_line(exc: click.UsageError) -> str:
     return f"error: {message} (see {command} --help)"
 
 
+def _in_ascii(error: UnicodeEncodeError) -> tuple[str, int]:
+    plain = error.object[error.start:error.end].translate(ASCII_FALLBACKS)
+    return "".join(ch if ch.isascii() else "?" for ch in plain), error.end
+
+
+codecs.register_error("ftplan-ascii", _in_ascii)
+
+
+def _degrade_output_encoding() -> None:
+    """Under LC_ALL=C or PYTHONIOENCODING=latin-1 a table's "…" was a UnicodeEncodeError traceback:
+    write what the terminal's encoding cannot hold as plain characters instead."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="ftplan-ascii")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, turning expected failures into one-line errors."""
+    _degrade_output_encoding()
     warnings.showwarning = _one_line_warning
     try:
         cli.main(args=argv, prog_name="ftplan", standalone_mode=False)
