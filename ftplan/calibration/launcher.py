@@ -25,7 +25,8 @@ from pathlib import Path
 from ftplan.core.errors import FtplanError
 from ftplan.core.settings import Setting
 
-TRIAL_COMMAND = (sys.executable, "-m", "ftplan.calibration.trial")
+REAL_TRIAL_COMMAND = (sys.executable, "-m", "ftplan.calibration.trial")
+TRIAL_COMMAND = REAL_TRIAL_COMMAND  # tests swap in stand-ins here, which need no GPU and no Liger
 EXIT_OK, EXIT_OOM = 0, 3
 POLL_SECONDS = 0.1
 KILL_GRACE_SECONDS = 5.0
@@ -81,6 +82,33 @@ class TrialOutcome:
 
         failed = sorted((r for r in self.ranks if r.status == self.status != "ok"), key=lambda r: (r.stopped, echo(r)))
         return f"rank {failed[0].rank}: {failed[0].message}" if failed else ""
+
+
+def cuda_problem() -> str | None:
+    """Why trials cannot use CUDA on this machine, or None.
+
+    Asked of a child process, so the planner never imports torch (seconds, and CUDA state it does not need);
+    without this, every trial failed in _cuda_setDevice, was recorded as an error, and calibrate exited 0.
+    """
+    probe = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 3)"
+    try:
+        result = subprocess.run([sys.executable, "-c", probe], stdin=subprocess.DEVNULL, capture_output=True,
+                                timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"cannot check for a CUDA GPU: {exc}"
+    if result.returncode == 3:
+        return "no CUDA GPU is visible here (torch.cuda.is_available() is False); use --device cpu"
+    if result.returncode:
+        lines = result.stderr.decode(errors="replace").strip().splitlines()
+        return f"cannot check for a CUDA GPU: {lines[-1] if lines else f'exit code {result.returncode}'}"
+    return None
+
+
+def setting_problem(setting: Setting, device: str) -> str | None:
+    """Why the real trial cannot run this setting on this device, known before launching it."""
+    if setting.liger and device != "cuda":
+        return "Liger needs a CUDA GPU"  # its Triton kernels; on a CPU they fail with "0 active drivers"
+    return None
 
 
 def run_trial(spec: TrialSpec, timeout: float, trial_command: Sequence[str] | None = None,

@@ -10,6 +10,7 @@ import itertools
 import shlex
 import signal
 import socket
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from ftplan.calibration import launcher
 from ftplan.calibration.ladder import LadderStep
 from ftplan.calibration.runner import CalibrationPlan, CalibrationProgress, calibrate
 from ftplan.core.architecture import ALL_LINEAR_TARGETS, load_architecture
@@ -92,6 +94,8 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
     """
     settings = expand_settings(models, seq_lens, zero_stages, _switch(offload), _switch(liger),
                                _switch(gradient_checkpointing), lora_ranks, lora_targets, precision, gpus, alloc_conf)
+    if launcher.TRIAL_COMMAND == launcher.REAL_TRIAL_COMMAND:  # a stand-in trial (tests) needs no GPU
+        settings = runnable_here(settings, device)
     machine = machine or socket.gethostname()
     plan = CalibrationPlan(out=out or Path("calibrations") / f"{machine}.jsonl", device=device, steps=steps,
                            warmup_steps=warmup_steps, timeout=timeout,
@@ -126,6 +130,21 @@ def expand_settings(models, seq_lens, zero_stages, offloads, ligers, checkpointi
                                 lora_targets=lora_targets if rank else ALL_LINEAR_TARGETS,
                                 precision=precision, gpus=gpus, alloc_conf=alloc_conf))
     return list(dict.fromkeys(settings))
+
+
+def runnable_here(settings: list[Setting], device: str) -> list[Setting]:
+    """The settings the real trial can run on this device; the others are skipped with a warning, before
+    an hour of trials rather than as error records after it. FtplanError when none can run."""
+    if device == "cuda" and (problem := launcher.cuda_problem()):
+        raise FtplanError(problem)
+    problems = {setting: launcher.setting_problem(setting, device) for setting in settings}
+    runnable = [setting for setting, problem in problems.items() if problem is None]
+    if not runnable:
+        raise FtplanError(f"nothing to calibrate on {device}: {problems[settings[0]]}")
+    for setting, problem in problems.items():
+        if problem is not None:
+            warnings.warn(f"{setting.model} {setting.label()} skipped: {problem}", UserWarning, stacklevel=2)
+    return runnable
 
 
 def _check_writable(out: Path) -> None:
