@@ -29,7 +29,7 @@ from transformers import TrainerCallback
 
 from ftplan.calibration import measure
 from ftplan.calibration.launcher import RankOutcome, TrialOutcome
-from ftplan.calibration.runner import measurements
+from ftplan.calibration.runner import measurements, pinned_machine_id
 from ftplan.calibration.trainer_setting import run_architecture, setting_fields
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import find_gpu
@@ -47,7 +47,7 @@ SOURCE = "trainer_callback"
 
 def default_out() -> Path:
     """Where `ftplan calibrate` writes by default, so both kinds of record land in one file."""
-    return Path("calibrations") / f"{measure.machine_id()}.jsonl"
+    return measure.default_records_path()
 
 
 class FtplanCallback(TrainerCallback):
@@ -102,7 +102,8 @@ class FtplanCallback(TrainerCallback):
 
     def _begin(self, args, state, model) -> None:
         self._finished, self.record, self.step_seconds, self._steps_done = False, None, [], 0
-        self._run = _Run(args, state, model, self.seq_len, config_dir=self.out.parent)
+        self._run = _Run(args, state, model, self.seq_len, config_dir=self.out.parent,
+                         machine_id=measure.machine_id(pinned_machine_id(self.out)))
         self._run.on_first_forward = lambda: self._guard(self._announce)  # runs inside forward: must never raise
         if self.seq_len is not None:
             self._announce()
@@ -127,7 +128,7 @@ class FtplanCallback(TrainerCallback):
         if not (self.predict and run.is_main):
             return
         try:
-            run.prediction = _predict(run.setting(), run.micro_batch, self.gpu or run.gpu_name, self.out)
+            run.prediction = _predict(run.setting(), run.micro_batch, self.gpu or run.gpu_name, self.out, run.machine_id)
         except Exception as exc:  # noqa: BLE001 - without a prediction the run is still worth recording
             run.prediction = str(exc) if isinstance(exc, FtplanError) else f"{type(exc).__name__}: {exc}"
         if isinstance(run.prediction, str):
@@ -163,7 +164,7 @@ class FtplanCallback(TrainerCallback):
         self.record = build_record(
             setting, run.micro_batch, status, message=message,
             timestamp=dt.datetime.fromtimestamp(run.started, dt.timezone.utc).isoformat(timespec="seconds"),
-            source=SOURCE, machine_id=measure.machine_id(), device=run.device, arch_hash=run.arch.hash,
+            source=SOURCE, machine_id=run.machine_id, device=run.device, arch_hash=run.arch.hash,
             command=shlex.join(sys.argv), trial_seconds=round(outcome.seconds, 3),
             gradient_accumulation_steps=run.grad_accum, trainable_dtype=run.trainable_dtype,
             prediction=_prediction_fields(run.prediction),
@@ -208,8 +209,9 @@ class FtplanCallback(TrainerCallback):
 class _Run:
     """What the callback reads from the Trainer run: setting, device, ranks, and the sequence length seen."""
 
-    def __init__(self, args, state, model, seq_len: int | None, config_dir: Path) -> None:
+    def __init__(self, args, state, model, seq_len: int | None, config_dir: Path, machine_id: str) -> None:
         self.started = time.time()
+        self.machine_id = machine_id
         self.device = args.device.type if args.device.type == "cuda" else "cpu"
         self.is_main = bool(state.is_world_process_zero)
         self.world_size = int(args.world_size)
@@ -269,7 +271,7 @@ class _Run:
         return results
 
 
-def _predict(setting: Setting, micro_batch: int, gpu: str, out: Path) -> Prediction | str:
+def _predict(setting: Setting, micro_batch: int, gpu: str, out: Path, machine_id: str) -> Prediction | str:
     """ftplan's prediction for the run from the shipped calibrations and the user's own, or why there is none.
 
     On a CPU no card applies, so the prediction comes from this machine's own CPU calibrations
@@ -280,7 +282,7 @@ def _predict(setting: Setting, micro_batch: int, gpu: str, out: Path) -> Predict
         records = read_records([p for p in (calibrations_dir(), out) if p.exists()])
         if gpu != "cpu":
             return Predictor.from_records(records).predict(setting, micro_batch, find_gpu(gpu))
-        own = [r for r in records if r.get("device") == "cpu" and r.get("machine_id") == measure.machine_id()]
+        own = [r for r in records if r.get("device") == "cpu" and r.get("machine_id") == machine_id]
         fit = FitSet(tuple(fit_groups(own))).lookup(setting, "cpu")
     if fit is None:
         return (f"training on CPU and this machine has no CPU calibration of {setting.label()} "

@@ -84,5 +84,14 @@ def alloc_conf() -> str:
     return os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
 
 
-def machine_id() -> str:
-    return os.environ.get("FTPLAN_MACHINE_ID") or socket.gethostname()
+def machine_id(pinned: str | None = None) -> str:
+    """$FTPLAN_MACHINE_ID, else the id the output file already pins (runner.pinned_machine_id), else the host name.
+
+    The host name alone is unstable (a restarted container gets a new one), and resume keys on this id.
+    """
+    return os.environ.get("FTPLAN_MACHINE_ID") or pinned or socket.gethostname()
+
+
+def default_records_path() -> Path:
+    """Where `ftplan calibrate` and FtplanCallback write by default, so both kinds of record land in one file."""
+    return Path("calibrations") / f"{machine_id()}.jsonl"

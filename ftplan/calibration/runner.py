@@ -75,6 +75,21 @@ def known_outcomes(path: Path, machine_id: str, device: str) -> dict[tuple[str, 
     return outcomes
 
 
+def pinned_machine_id(path: Path) -> str | None:
+    """The machine id the records in path were taken under, when they name exactly one.
+
+    Reused when --machine is not given, so a new host name (a restarted container) keeps the resume
+    key instead of re-running every trial; a file shared by several machines pins none.
+    """
+    if not Path(path).is_file():
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecordWarning)
+        ids = {r.get("machine_id") for r in iter_records(path) if r.get("source") in ("calibrate", "trainer_callback")}
+    ids.discard(None)
+    return ids.pop() if len(ids) == 1 else None
+
+
 def calibrate(settings: Sequence[Setting], plan: CalibrationPlan, progress: CalibrationProgress | None = None) -> list[dict]:
     """Run every setting's remaining trials; return the records written by this run."""
     progress = progress or CalibrationProgress()

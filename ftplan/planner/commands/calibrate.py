@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import shlex
 import signal
-import socket
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,9 +24,9 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from ftplan.calibration import launcher
+from ftplan.calibration import launcher, measure
 from ftplan.calibration.ladder import LadderStep
-from ftplan.calibration.runner import CalibrationPlan, CalibrationProgress, calibrate
+from ftplan.calibration.runner import CalibrationPlan, CalibrationProgress, calibrate, pinned_machine_id
 from ftplan.core.architecture import ALL_LINEAR_TARGETS, load_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.settings import PRECISIONS, Setting
@@ -53,7 +52,9 @@ def _switch(value: str) -> tuple[bool, ...]:
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="JSONL file to append to (and resume from).  [default: calibrations/<machine>.jsonl]")
-@click.option("--machine", default=None, help="Machine id stored in every record.  [default: host name]")
+@click.option("--machine", default=None,
+              help="Machine id stored in every record.  [default: $FTPLAN_MACHINE_ID, else the one --out's records "
+                   "carry, else the host name]")
 @click.option("--seq-len", "seq_lens", type=click.IntRange(min=1), multiple=True, default=(2048,), show_default=True,
               help="Tokens per sample; repeatable.")
 @click.option("--zero-stage", "zero_stages", type=click.IntRange(0, 3), multiple=True, default=(0,), show_default=True,
@@ -96,8 +97,9 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
                                _switch(gradient_checkpointing), lora_ranks, lora_targets, precision, gpus, alloc_conf)
     if launcher.TRIAL_COMMAND == launcher.REAL_TRIAL_COMMAND:  # a stand-in trial (tests) needs no GPU
         settings = runnable_here(settings, device)
-    machine = machine or socket.gethostname()
-    plan = CalibrationPlan(out=out or Path("calibrations") / f"{machine}.jsonl", device=device, steps=steps,
+    out = out or measure.default_records_path()
+    machine = machine or measure.machine_id(pinned_machine_id(out))
+    plan = CalibrationPlan(out=out, device=device, steps=steps,
                            warmup_steps=warmup_steps, timeout=timeout,
                            max_batch=max_batch or DEFAULT_MAX_BATCH[device], batch_sizes=batch_sizes,
                            machine_id=machine, command=_command_line(ctx), log_dir=log_dir)
