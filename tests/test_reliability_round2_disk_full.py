@@ -41,11 +41,11 @@ def test_a_short_or_failed_append_raises_one_line_and_leaves_the_file_as_it_was(
     before = out.read_bytes()
     fill_disk(monkeypatch, out, first_write_bytes)
     with pytest.raises(FtplanError, match="No space left on device") as raised:
-        append_record(out, RECORD)
+        append_record(out, {**RECORD, "micro_batch": 2})
     assert "\n" not in str(raised.value)
     assert out.read_bytes() == before
     monkeypatch.undo()
-    append_record(out, RECORD)  # space again: the next append lands on a clean line
+    append_record(out, {**RECORD, "micro_batch": 2})  # space again: the next append lands on a clean line
     assert len(read_records([out])) == 2
 
 

@@ -14,7 +14,7 @@ from ftplan.core.paths import calibrations_dir
 from ftplan.core.records import MAX_LINE_BYTES, WARNINGS_PER_FILE, RecordWarning, read_records
 from tests.helpers import run_ftplan
 
-GOOD = (calibrations_dir() / "h200.jsonl").read_text().splitlines()[0]
+GOOD, OTHER = (calibrations_dir() / "h200.jsonl").read_text().splitlines()[:2]
 NETWORK = {"schema_version": 1, "kind": "network", "backend": "nccl", "ranks": 8, "nodes": 1,
            "latency_s": 1e-5, "bandwidth_gbs": 150.0}
 
@@ -52,7 +52,7 @@ def read_with_warnings(path, kind="trial") -> tuple[list[dict], list[str]]:
 def test_a_hostile_trial_line_is_a_warning_naming_file_and_line(tmp_path, name):
     bad, words = HOSTILE[name]
     path = tmp_path / "c.jsonl"
-    path.write_text("\n".join([GOOD, bad, GOOD]) + "\n")
+    path.write_text("\n".join([GOOD, bad, OTHER]) + "\n")
     records, messages = read_with_warnings(path)
     assert len(records) == 2
     assert len(messages) == 1 and messages[0].startswith(f"{path}:2: ") and words in messages[0], messages
@@ -74,7 +74,7 @@ def test_a_line_longer_than_the_limit_is_skipped_without_being_held_in_memory(tm
         f.write(GOOD.encode() + b"\n")
         for _ in range(16):
             f.write(b"x" * MAX_LINE_BYTES)
-        f.write(b"\n" + GOOD.encode() + b"\n")
+        f.write(b"\n" + OTHER.encode() + b"\n")
     tracemalloc.start()
     try:
         records, messages = read_with_warnings(path)

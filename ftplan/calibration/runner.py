@@ -8,6 +8,10 @@ One trial's crash or OOM only ends that setting's ladder step; the other setting
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
+import hashlib
+import json
+import os
 import statistics
 import time
 import warnings
@@ -128,6 +132,9 @@ def counted_as_wall(record: dict, outcomes: dict[int, str]) -> dict:
 
 
 def _run_one(setting: Setting, arch_hash: str, batch: int, plan: CalibrationPlan) -> dict:
+    measured_elsewhere = claim_trial(plan, setting, arch_hash, batch)
+    if measured_elsewhere is not None:
+        return measured_elsewhere
     spec = TrialSpec(setting, batch, plan.device, plan.steps, plan.warmup_steps)
     started = time.time()
     outcome = run_trial(spec, plan.timeout, plan.trial_command, plan.log_dir)
@@ -136,6 +143,72 @@ def _run_one(setting: Setting, arch_hash: str, batch: int, plan: CalibrationPlan
                         source="calibrate", machine_id=plan.machine_id, device=plan.device,
                         arch_hash=arch_hash, command=plan.command,
                         trial_seconds=round(outcome.seconds, 3), **measurements(outcome, setting, batch))
+
+
+CLAIM_POLL_SECONDS = 0.2
+_held_claims: list[int] = []  # the claim of the trial this process ran last, held until its record is in the file
+
+
+def claim_trial(plan: CalibrationPlan, setting: Setting, arch_hash: str, batch: int) -> dict | None:
+    """Claim one trial across processes before it runs; None when claimed here, else the record another wrote.
+
+    Two calibrations of one output file used to run every shared trial twice, contending for the
+    device. The claim is an exclusive lock on a sidecar file, held from before the trial until this
+    process claims its next one or exits (its record is appended by then); the kernel drops it when
+    the process dies. While another process holds it, this one waits for that trial's record; a
+    lock that comes free without one means that process died, and the trial is run here.
+    """
+    _release_claims()
+    try:
+        path = _claim_path(plan, setting, arch_hash, batch)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # nowhere to put claims (a read-only folder beside a writable file): run unclaimed
+        return None
+    while True:
+        locked = _try_lock(fd)
+        measured = _measured(plan, setting, arch_hash, batch)
+        if measured is not None or locked:
+            break
+        time.sleep(CLAIM_POLL_SECONDS)
+    if measured is not None:
+        os.close(fd)
+        return measured
+    _held_claims.append(fd)
+    return None
+
+
+def _release_claims() -> None:
+    while _held_claims:
+        os.close(_held_claims.pop())
+
+
+def _claim_path(plan: CalibrationPlan, setting: Setting, arch_hash: str, batch: int) -> Path:
+    trial = json.dumps([plan.machine_id, plan.device, setting.key(), arch_hash, batch])
+    out = Path(plan.out)
+    return out.with_name(f"{out.name}.claims") / f"{hashlib.sha256(trial.encode()).hexdigest()[:24]}.lock"
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _measured(plan: CalibrationPlan, setting: Setting, arch_hash: str, batch: int) -> dict | None:
+    """This trial's ok/oom record in the output file, as it was written (errors are retried, as on resume)."""
+    if not Path(plan.out).is_file():
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecordWarning)
+        for r in iter_records(plan.out):
+            if (r["status"] in ("ok", "oom") and r.get("source") == "calibrate" and r["micro_batch"] == batch
+                    and r["setting_key"] == setting.key() and r.get("arch_hash") == arch_hash
+                    and r.get("machine_id") == plan.machine_id and r.get("device") == plan.device):
+                return {k: v for k, v in r.items() if k != "_source"}
+    return None
 
 
 def measurements(outcome: TrialOutcome, setting: Setting, batch: int) -> dict:

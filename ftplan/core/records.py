@@ -14,6 +14,7 @@ import math
 import os
 import stat
 import statistics
+import sys
 import unicodedata
 import warnings
 from collections.abc import Iterable, Iterator
@@ -86,12 +87,21 @@ def append_record(path: Path, record: dict) -> None:
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        if _holds_line(fd, line):  # this very record (timestamp and all) is in already: appending is idempotent
+            return
         size = os.fstat(fd).st_size
         if size > 0 and os.pread(fd, 1, size - 1) != b"\n":  # a writer was killed mid-line: keep its fragment on its own line
             line = b"\n" + line
         _write_all_or_nothing(fd, line, size, path)
     finally:
         os.close(fd)
+
+
+def _holds_line(fd: int, line: bytes) -> bool:
+    """Whether the file already has this exact line: a calibration that waited on another's claim of a
+    trial hands back the record that one wrote, and it must not land twice."""
+    with open(os.dup(fd), "rb") as stream:
+        return any(found == line for _number, found in _bounded_lines(stream))
 
 
 def _write_all_or_nothing(fd: int, data: bytes, size: int, path: Path) -> None:
@@ -153,15 +163,23 @@ def _open_records_file(path: Path) -> BinaryIO:
 
 
 def _bounded_lines(stream: BinaryIO) -> Iterator[tuple[int, bytes | None]]:
-    """(line number, line) pairs; a line over MAX_LINE_BYTES comes as None, read past in bounded pieces."""
+    """(line number, line) pairs; a line over MAX_LINE_BYTES comes as None, read past in bounded pieces.
+
+    A regular file is read up to its size when this starts: a line a writer appends meanwhile is then
+    either whole or left out, never read in two halves that would count as two torn records.
+    """
+    status = os.fstat(stream.fileno())
+    left = status.st_size if stat.S_ISREG(status.st_mode) else sys.maxsize
     number = 0
-    while line := stream.readline(MAX_LINE_BYTES + 1):
+    while left > 0 and (line := stream.readline(min(MAX_LINE_BYTES + 1, left))):
+        left -= len(line)
         number += 1
         if len(line) <= MAX_LINE_BYTES:
             yield number, line
             continue
-        while line and not line.endswith(b"\n"):
-            line = stream.readline(MAX_LINE_BYTES)
+        while line and not line.endswith(b"\n") and left > 0:
+            line = stream.readline(min(MAX_LINE_BYTES, left))
+            left -= len(line)
         yield number, None
 
 
@@ -270,13 +288,43 @@ def _is_a(value: object, wanted: str) -> bool:
 
 def read_records(paths: Iterable[Path], kind: str = "trial") -> list[dict]:
     """All valid records of one kind in several files (a folder means every *.jsonl in it)."""
+    records = _read_all(paths, kind)
+    return _without_duplicate_trials(records) if kind == "trial" else records
+
+
+def _read_all(paths: Iterable[Path], kind: str) -> list[dict]:
     records: list[dict] = []
     for path in paths:
         path = Path(path)
         if path.is_dir():
-            records.extend(read_records(sorted(path.glob("*.jsonl")), kind))
+            records.extend(_read_all(sorted(path.glob("*.jsonl")), kind))
         elif not path.exists():
-            raise FtplanError(f"calibration file {path} does not exist")
+            raise FtplanError(f"calibration file {printable(str(path))} does not exist")
         else:
             records.extend(iter_records(path, kind))
     return records
+
+
+def _without_duplicate_trials(records: list[dict]) -> list[dict]:
+    """The first measurement of each calibrated trial; later ones are reported and skipped.
+
+    A calibration measures a trial once per machine and device, so a second record is a second run
+    alongside the first (contended timings) or a file given twice; averaged in, it would skew the fits.
+    Records without an architecture hash (made by hand) cannot be told apart as trials and are all kept.
+    """
+    first_at: dict[tuple, str] = {}
+    kept = []
+    for record in records:
+        key = (record.get("machine_id"), record.get("device"), record["setting_key"], record.get("arch_hash"),
+               record["micro_batch"])
+        if record.get("source") != "calibrate" or record["status"] not in ("ok", "oom") or not record.get("arch_hash"):
+            kept.append(record)
+        elif key in first_at:
+            warnings.warn(f"{record['_source']}: duplicate measurement of {printable(record['model'])} "
+                          f"{Setting.from_dict(record).label()} batch {record['micro_batch']} on "
+                          f"{printable(str(record.get('machine_id')))} (first at {first_at[key]}); record skipped",
+                          RecordWarning, stacklevel=3)
+        else:
+            first_at[key] = record["_source"]
+            kept.append(record)
+    return kept
