@@ -32,6 +32,7 @@ def _assert_one_line_error(code: int, err: str, *fragments: str) -> None:
     (_replace(PLAN, "--gpu", "H201"), ("unknown GPU 'H201'", "did you mean H200")),
     (_replace(PLAN, "--dataset-size", 0), ("dataset size must be positive",)),
     ([*PLAN, "--epochs", -1], ("epochs must be positive",)),
+    ([*ETA, "--epochs", "1e305"], ("more than 1e+12 optimizer steps",)),
     ([*PLAN, "--seq-len", 0], ("sequence length must be positive",)),
     ([*PLAN, "--gpus", 0], ("cannot read GPU count '0'",)),
     ([*PLAN, "--gpus", "1..64", "--inter-node-bandwidth", "fast"], ("cannot read bandwidth 'fast'",)),

@@ -130,14 +130,19 @@ def test_host_memory_gib_leaves_out_8b_full_offload_with_the_reason(capsys, monk
                      "zero2+offload liger full gc s2048"}
     assert not any(s["setting"]["offload_optimizer"] and s["training"] == "full" for s in plan["ranked"])
     assert any(s["setting"]["offload_optimizer"] for s in plan["ranked"])  # LoRA offload needs little host RAM
-    code, out, _ = run_ftplan([*PLAN, "--host-memory-gib", 125, "--full"], capsys, monkeypatch)
+    # in bf16 mixed precision (fp32 master weights) only offload would fit 8B full fine-tuning
+    code, out, _ = run_ftplan([*PLAN, "--host-memory-gib", 125, "--full", "--precision", "bf16"], capsys, monkeypatch)
     assert code == 0
     assert "zero2+offload full s2048 (needs 135.6 GiB of host RAM per node for offloaded optimizer states)" in out
     assert "you have 125 GiB per node" in out and "Recommendation:" not in out
+    # pure bf16 (8 bytes a parameter) fits on the card itself: what users who load the model in bf16 run
+    plan = _json(["--host-memory-gib", 125, "--full"], capsys, monkeypatch)
+    assert plan["recommendation"]["setting"]["precision"] == "bf16-pure"
+    assert not plan["recommendation"]["setting"]["offload_optimizer"]
 
 
 def test_full_recommendation_relying_on_offload_warns_about_host_ram_when_it_is_unknown(capsys, monkeypatch):
-    plan = _json(["--full"], capsys, monkeypatch)
+    plan = _json(["--full", "--precision", "bf16"], capsys, monkeypatch)
     assert plan["recommendation"]["setting"]["offload_optimizer"]
     assert any("135.6 GiB of host RAM" in w and "--host-memory-gib" in w for w in plan["warnings"])
 

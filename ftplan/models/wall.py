@@ -76,5 +76,7 @@ def _time_kinked(point: dict, below: list[dict]) -> bool:
     if len(timed) < 2 or not point.get("seconds_per_step"):
         return False
     (b0, t0), (b1, t1) = ((r["micro_batch"], r["seconds_per_step"]) for r in timed[-2:])
+    if b1 == b0:  # the same batch measured twice (a duplicate record): no slope to extrapolate
+        return False
     expected = t1 + max(0.0, (t1 - t0) / (b1 - b0)) * (point["micro_batch"] - b1)
     return bool(point["seconds_per_step"] > (1 + TIME_KINK) * expected)

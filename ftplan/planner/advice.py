@@ -25,6 +25,8 @@ class Switch:
     name: str
     field: str
     why: str
+    values: tuple = (False, True)
+    states: tuple[str, str] = ("off", "on")
 
 
 SWITCHES = (
@@ -37,12 +39,19 @@ SWITCHES = (
     Switch("gradient checkpointing", "gradient_checkpointing",
            "checkpointing recomputes the forward pass during backward: about a third more compute per "
            "step for far less activation memory"),
+    Switch("precision", "precision",
+           "pure bf16 (the model loaded in bf16) keeps weights, gradients and AdamW moments in bf16, 8 bytes "
+           "a parameter instead of 16, and no fp32 master copy: updates smaller than bf16 can hold are lost, "
+           "which low learning rates and long runs feel most",
+           values=("bf16", "bf16-pure"), states=("bf16 mixed precision", "pure bf16")),
 )
 
 
 def _twin(plan: Plan, setup: SetupPlan, switch: Switch) -> SetupPlan | None:
     """The best-ranked setup equal to `setup` except for this switch (any ZeRO stage when it is offload)."""
-    flipped = not getattr(setup.setting, switch.field)
+    if getattr(setup.setting, switch.field) not in switch.values:
+        return None
+    flipped = switch.values[1 - switch.values.index(getattr(setup.setting, switch.field))]
     ignore = {switch.field} | ({"zero_stage"} if switch.field == "offload_optimizer" else set())
     mine = {k: v for k, v in setup.setting.to_dict().items() if k not in ignore}
     for candidate in [*plan.ranked, *plan.too_slow, *plan.unfit]:
@@ -56,7 +65,8 @@ def _compare(plan: Plan, rec: SetupPlan, switch: Switch) -> str | None:
     twin = _twin(plan, rec, switch)
     if twin is None:
         return None
-    state = "on" if getattr(rec.setting, switch.field) else "off"
+    index = switch.values.index(getattr(rec.setting, switch.field))
+    state, other_state = switch.states[index], switch.states[1 - index]
     usable = plan.request.budget.usable_bytes / GIB
     if twin.host_short:
         return f"{switch.name} {state}: without that, {host_shortfall(twin, plan.request)}. {switch.why}."
@@ -76,7 +86,7 @@ def _compare(plan: Plan, rec: SetupPlan, switch: Switch) -> str | None:
     return (f"{switch.name} {state}: batch {rec.batch} at {ours.seconds_per_step.mean:.2f} s/step, "
             f"{format_duration(rec.eta.total_seconds)} in total, against batch {twin.batch} at "
             f"{theirs.seconds_per_step.mean:.2f} s/step, {format_duration(twin.eta.total_seconds)} "
-            f"with it {'off' if state == 'on' else 'on'}; {verdict}. {switch.why}.")
+            f"with {switch.name} {other_state}; {verdict}. {switch.why}.")
 
 
 def _training_note(plan: Plan, rec: SetupPlan) -> str:

@@ -25,6 +25,11 @@ class Eta:
         return self.total_seconds / 3600
 
 
+# More optimizer steps than any fine-tune takes (a million steps of a second is eleven days): beyond it
+# an input is a typo, and float arithmetic on it overflows.
+MAX_STEPS = 1e12
+
+
 def steps_to_finish(dataset_size: int, epochs: float, micro_batch: int, world_size: int,
                     accumulation: int = 1) -> int:
     """Optimizer steps for `epochs` passes: ceil(samples·epochs / (micro-batch·accumulation·GPUs))."""
@@ -32,7 +37,11 @@ def steps_to_finish(dataset_size: int, epochs: float, micro_batch: int, world_si
                         ("GPU count", world_size), ("gradient accumulation", accumulation)):
         if value <= 0:
             raise FtplanError(f"{name} must be positive, got {value}")
-    return math.ceil(dataset_size * epochs / (micro_batch * accumulation * world_size))
+    steps = dataset_size * epochs / (micro_batch * accumulation * world_size)
+    if not steps <= MAX_STEPS:  # also catches inf and nan from absurd inputs
+        raise FtplanError(f"{dataset_size:,} samples × {epochs:g} epochs is more than {MAX_STEPS:.0e} optimizer steps; "
+                          "check --dataset-size and --epochs")
+    return math.ceil(steps)
 
 
 def estimate_eta(seconds_per_step: float, dataset_size: int, epochs: float, micro_batch: int,

@@ -61,13 +61,20 @@ def safe_prediction(predict: Callable[[int], Prediction], budget: MemoryBudget,
     return predict(batch) if batch else None
 
 
+# Regimes ranked when the user names none: mixed precision with fp32 master weights (Trainer's bf16=True)
+# and pure bf16 (the model loaded in bf16). fp16 and fp32 are what older or CPU hardware runs: asked by name.
+DEFAULT_PRECISIONS = ("bf16", "bf16-pure")
+
+
 def enumerate_settings(base: Setting, lora_ranks: Iterable[int] = DEFAULT_LORA_RANKS,
-                       extra: Iterable[Setting] = ()) -> list[Setting]:
-    """Every setup of base's model, sequence length and GPUs: ZeRO stage × offload × Liger × LoRA/full × checkpointing.
+                       extra: Iterable[Setting] = (), precisions: Iterable[str] = ("bf16",)) -> list[Setting]:
+    """Every setup of base's model, sequence length and GPUs: ZeRO stage × offload × Liger × LoRA/full ×
+    checkpointing, for each precision regime asked.
 
     On one GPU ZeRO partitions nothing: only ZeRO-2 with optimizer offload differs from plain training
     (ZeRO-3 + offload would add parameter gathering for the same memory), so the others are left out
-    unless calibrated (extra).
+    unless calibrated (extra). Pure bf16 is plain PyTorch full fine-tuning (DeepSpeed keeps an fp32
+    master copy, and a LoRA base is already bf16), so it pairs with neither.
     """
     ranks = (0, *lora_ranks)
     if any(r <= 0 for r in ranks[1:]):
@@ -76,9 +83,10 @@ def enumerate_settings(base: Setting, lora_ranks: Iterable[int] = DEFAULT_LORA_R
     if base.world_size > 1:
         zero += [(3, True), (2, False), (3, False)]
     settings = [base.with_(zero_stage=stage, offload_optimizer=offload, liger=liger, lora_rank=rank,
-                           gradient_checkpointing=checkpointing)
-                for (stage, offload), liger, rank, checkpointing
-                in itertools.product(zero, (False, True), ranks, (False, True))]
+                           gradient_checkpointing=checkpointing, precision=precision)
+                for precision, (stage, offload), liger, rank, checkpointing
+                in itertools.product(precisions, zero, (False, True), ranks, (False, True))
+                if precision != "bf16-pure" or (stage == 0 and rank == 0)]
     same_run = (base.model, base.seq_len, base.gpus, base.nodes)
     for setting in extra:
         if (setting.model, setting.seq_len, setting.gpus, setting.nodes) == same_run:
@@ -137,6 +145,7 @@ class PlanRequest:
     training: str = "any"
     lora_ranks: tuple[int, ...] = DEFAULT_LORA_RANKS
     host_memory_gib: float | None = None  # host RAM per node; None: unknown, offload rows only show their need
+    precision: str | None = None  # --precision: only this regime; None ranks DEFAULT_PRECISIONS and any calibrated one
 
     def __post_init__(self) -> None:
         if self.host_memory_gib is not None:
@@ -216,7 +225,9 @@ def plan_setup(predictor: Predictor, setting: Setting, request: PlanRequest) -> 
 
 def make_plan(predictor: Predictor, request: PlanRequest, extra: Iterable[Setting] = ()) -> Plan:
     """Search every setup and rank those that fit by total time (or cost), fastest first."""
-    settings = enumerate_settings(request.base, request.lora_ranks, extra)
+    precisions = (request.precision,) if request.precision else DEFAULT_PRECISIONS
+    settings = enumerate_settings(request.base, request.lora_ranks,
+                                  [s for s in extra if request.precision in (None, s.precision)], precisions)
     setups = [plan_setup(predictor, s, request) for s in settings]
     fitting = [s for s in setups if s.fits]
     unfit = [s for s in setups if not s.fits]

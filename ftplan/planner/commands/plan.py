@@ -13,7 +13,7 @@ from rich.console import Console
 from ftplan.core.architecture import load_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import find_gpu, load_catalog
-from ftplan.core.settings import Setting
+from ftplan.core.settings import PRECISIONS, Setting
 from ftplan.models.communication import estimate_overlap
 from ftplan.planner.commands.options import positive_int_list
 from ftplan.planner.gpu_counts import plan_gpu_counts
@@ -63,6 +63,8 @@ host_memory_option = click.option(
 @click.option("--lora", "training", flag_value="lora", help="Recommend among LoRA setups only.")
 @click.option("--lora-ranks", default=",".join(map(str, DEFAULT_LORA_RANKS)), show_default=True,
               callback=positive_int_list("LoRA ranks"), help="LoRA ranks to consider.")
+@click.option("--precision", type=click.Choice(PRECISIONS), default=None,
+              help="Plan this precision regime only.  [default: rank bf16 mixed precision and pure bf16]")
 @budget_options
 @host_memory_option
 @calibrations_option
@@ -72,7 +74,7 @@ host_memory_option = click.option(
 def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name: str, gpu_specs: Path | None,
             gpus: str, gpus_per_node: int, intra_node_bandwidth: str | None, inter_node_bandwidth: str | None,
             price_per_hour: float | None, max_hours: float | None, by: str, training: str,
-            lora_ranks: tuple[int, ...], safety_margin: float | None, context_reserve_gib: float,
+            lora_ranks: tuple[int, ...], precision: str | None, safety_margin: float | None, context_reserve_gib: float,
             host_memory_gib: float | None, calibrations: tuple[Path, ...], as_json: bool, emit: Path | None) -> None:
     """Which setup finishes fastest (or cheapest) on this GPU, with its largest safe batch, ETA and cost;
     with several GPU counts, how full and LoRA fine-tuning scale and which count to use."""
@@ -87,7 +89,7 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
     request = PlanRequest(base=base, dataset_size=dataset_size, epochs=epochs, gpu=gpu,
                           budget=evidence.budget(gpu, safety_margin, context_reserve_gib),
                           price_per_gpu_hour=price_per_hour, max_hours=max_hours, by=by, training=training,
-                          lora_ranks=lora_ranks, host_memory_gib=host_memory_gib)
+                          lora_ranks=lora_ranks, host_memory_gib=host_memory_gib, precision=precision)
     extra, failed = evidence.calibrated_settings(model), evidence.failed_trials(model)
     scaling = None
     if len(counts) == 1:
