@@ -81,6 +81,8 @@ def test_no_mode_of_our_own_data_plans_an_oom_and_verify_gets_close(modes):
     assert modes["prior only"]["summary"]["planned_over_true_median"] >= 0.7
 
 
-@pytest.mark.xfail(strict=True, reason="ZeRO-3 gather/bucket buffers not modelled: 8xA100 Llama-3-8B plans 13, ran 12")
 def test_other_gpu_plans_never_oom(modes):
+    # the public 8xA100 ZeRO-3 ladder ran 12 and ran out of memory at 13: with only the H200 data the prior
+    # plans it; its bound is sized by its errors on settings left out, a one-GPU ZeRO-3 ladder among them
+    # (without that ladder it planned 13)
     assert modes["other GPU"]["summary"]["unsafe"] == 0
