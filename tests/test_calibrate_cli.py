@@ -1,7 +1,9 @@
 """`ftplan calibrate` through click: the ladder, isolation of failing trials, resume, and bad input."""
 
 import json
+import os
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -177,3 +179,22 @@ def test_records_of_another_machine_or_another_version_of_the_config_do_not_coun
     tiny = [r for r in read_records([out]) if r["model"] == str(config)]
     assert [r["machine_id"] for r in tiny] == ["test-box", "other-box", "test-box"]
     assert len({r["arch_hash"] for r in tiny}) == 2
+
+
+def test_default_cuda_calibration_runs_three_small_batches_then_verifies_the_planned_one(tmp_path):
+    """Three points, then the batch the planner would recommend; an OOM there bisects down (fake trial:
+    out of memory above batch 300, memory linear in batch, a 10 GB card)."""
+    fixture = Path(__file__).parent / "fixtures" / "ftplan_with_fake_trial.py"
+    out = tmp_path / "c.jsonl"
+    env = {**os.environ, "FAKE_TRIAL": json.dumps({"oom_above": 300})}
+    done = subprocess.run([sys.executable, str(fixture), "calibrate", "--model", "tiny-llama", "--device", "cuda",
+                           "--seq-len", "64", "--machine", "box", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr + done.stdout
+    batches = [(r["micro_batch"], r["status"]) for r in read_records([out])]
+    assert batches[:3] == [(1, "ok"), (2, "ok"), (4, "ok")]
+    verified = batches[3:]
+    assert 1 <= len(verified) <= 3, batches
+    assert verified[0][0] > 4  # the planned batch, far beyond the three points
+    if verified[0][1] == "oom":  # then bisect towards the largest that ran
+        assert verified[1][0] == (4 + verified[0][0]) // 2

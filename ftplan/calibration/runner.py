@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ftplan.calibration.ladder import LadderStep, next_step, remaining_estimate
+from ftplan.calibration.verify import next_verify_batch
 from ftplan.calibration.launcher import TrialOutcome, TrialSpec, run_trial
 from ftplan.core.architecture import load_architecture
 from ftplan.core.records import (
@@ -46,7 +47,8 @@ class CalibrationPlan:
     machine_id: str = ""
     command: str = ""
     log_dir: Path | None = None
-    trial_command: tuple[str, ...] | None = None  # None: the real trial, ftplan.calibration.launcher.TRIAL_COMMAND
+    trial_command: tuple[str, ...] | None = None
+    verify: bool = False  # after the listed batches, run the batch the planner would recommend (calibration/verify.py)  # None: the real trial, ftplan.calibration.launcher.TRIAL_COMMAND
 
 
 class CalibrationProgress:
@@ -104,14 +106,52 @@ def calibrate(settings: Sequence[Setting], plan: CalibrationPlan, progress: Cali
     for setting, arch_hash, done in zip(settings, hashes, per_setting):
         while (step := next_step(done, plan.max_batch, plan.batch_sizes)).batch is not None:
             total = len(written) + sum(remaining_estimate(d, plan.max_batch, plan.batch_sizes) for d in per_setting)
-            progress.trial_started(len(written) + 1, total, setting, step.batch)
-            record = counted_as_wall(_run_one(setting, arch_hash, step.batch, plan), done)
-            append_record(plan.out, record)
-            written.append(record)
-            done[step.batch] = record["status"]
-            progress.trial_finished(record)
+            written.append(_run_and_record(setting, arch_hash, step.batch, plan, done, progress, len(written) + 1, total))
+        if plan.verify and step.reason.startswith("done"):
+            verify_trials = 0
+            while (batch := _next_verify(setting, plan, done, verify_trials)) is not None:
+                written.append(_run_and_record(setting, arch_hash, batch, plan, done, progress, len(written) + 1,
+                                               len(written) + 1))
+                verify_trials += 1
+            step = LadderStep(None, f"{step.reason}; verified {verify_trials} planned batch(es)" if verify_trials
+                              else f"{step.reason}; nothing to verify")
         progress.setting_finished(setting, step)
     return written
+
+
+def _run_and_record(setting: Setting, arch_hash: str, batch: int, plan: CalibrationPlan, done: dict[int, str],
+                    progress: CalibrationProgress, index: int, total: int) -> dict:
+    progress.trial_started(index, total, setting, batch)
+    record = counted_as_wall(_run_one(setting, arch_hash, batch, plan), done)
+    append_record(plan.out, record)
+    done[batch] = record["status"]
+    progress.trial_finished(record)
+    return record
+
+
+def _next_verify(setting: Setting, plan: CalibrationPlan, done: dict[int, str], trials_done: int) -> int | None:
+    """The batch the planner would recommend from this setting's records so far, when it still needs a trial
+    (ftplan.calibration.verify); None without a card capacity (CPU) or enough points to fit."""
+    from ftplan.core.errors import FtplanError
+    from ftplan.models.fit import fit_setting
+    from ftplan.models.safe_batch import MemoryBudget, fit_largest_safe_batch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecordWarning)
+        records = [r for r in iter_records(plan.out) if r.get("setting_key") == setting.key()
+                   and r.get("machine_id") == plan.machine_id and r.get("device") == plan.device
+                   and r["status"] in ("ok", "oom")]
+    capacity = max((r.get("gpu_memory_total_bytes") or 0 for r in records), default=0)
+    if not capacity or plan.device == "cpu":
+        return None
+    try:
+        fit = fit_setting(records)
+    except FtplanError:
+        return None
+    budget = MemoryBudget(capacity)
+    planned = fit_largest_safe_batch(fit, setting.seq_len, budget)
+    return next_verify_batch(done, planned, lambda b: fit.peak_reserved(b, setting.seq_len).mean <= budget.usable_bytes,
+                             trials_done)
 
 
 # NCCL's own device allocations (communicator, channel buffers) fail before PyTorch's at the memory

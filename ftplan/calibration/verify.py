@@ -21,11 +21,15 @@ def next_verify_batch(outcomes: Mapping[int, str], planned: int, roomier: Callab
 
     planned: the largest safe batch the planner gives for everything measured so far.
     roomier(b): whether batch b's mean prediction fits although its bound does not (a loose bound),
-    which makes b worth one trial. Batches at or above a known OOM are never run again.
+    which makes b worth one trial. After an OOM the next trial bisects between the largest batch that
+    ran and the OOM; batches at or above a known OOM are never run again.
     """
     if trials_done >= MAX_VERIFY_TRIALS or planned < 1:
         return None
     first_oom = min((b for b, s in outcomes.items() if s == OOM), default=None)
+    if first_oom is not None:  # a batch ran out of memory: bisect towards the largest that ran
+        largest_ok = max((b for b, s in outcomes.items() if s == OK and b < first_oom), default=0)
+        planned = min(planned, (largest_ok + first_oom) // 2)
     candidates = [planned] if planned not in outcomes else [planned + 1] if roomier(planned + 1) else []
     for batch in candidates:
         if batch not in outcomes and (first_oom is None or batch < first_oom):

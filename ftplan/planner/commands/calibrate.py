@@ -33,6 +33,10 @@ from ftplan.core.settings import PRECISIONS, Setting
 from ftplan.core.units import GIB
 from ftplan.planner.commands.options import positive_int_list
 
+# Three small batches fix the lines of the phases they sit in; the verify trials then test the plan
+# itself: on the shipped ladders a safe, median-exact largest batch in about five trials
+# (`python benchmarks/accuracy.py`, "3 points + verify"), where a full ladder took ten or more.
+QUICK_BATCH_SIZES = (1, 2, 4)
 DEFAULT_MAX_BATCH = {"cuda": 1024, "cpu": 8}  # a CPU never runs out of memory before swapping, so stop early
 SWITCH = click.Choice(["on", "off", "both"])
 
@@ -70,9 +74,13 @@ def _switch(value: str) -> tuple[bool, ...]:
               help="Mixed precision of training (fp32 trains fastest on a CPU without bf16 units).")
 @click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs (ranks) per trial.")
 @click.option("--batch-sizes", callback=positive_int_list("batch sizes"), default=None,
-              help="Comma-separated micro-batches to run instead of the automatic ladder.")
+              help="Comma-separated micro-batches to run.  [default on cuda: 1,2,4 then --verify]")
 @click.option("--max-batch", type=click.IntRange(min=1), default=None,
-              help="Largest micro-batch the ladder tries.  [default: 1024 on cuda, 8 on cpu]")
+              help="Run the full ladder instead: double until OOM (or this batch), then bisect to the exact "
+                   "largest batch.  [default on cpu: 8]")
+@click.option("--verify/--no-verify", default=None,
+              help="After the listed batches, run the batch the planner would recommend, bisecting down if it "
+                   "runs out of memory (at most 3 trials).  [default: on with the default batch sizes]")
 @click.option("--steps", type=click.IntRange(min=1), default=4, show_default=True, help="Measured steps per trial.")
 @click.option("--warmup-steps", type=click.IntRange(min=0), default=2, show_default=True)
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=900.0, show_default=True,
@@ -86,7 +94,7 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
             seq_lens: tuple[int, ...], zero_stages: tuple[int, ...], offload: str, liger: str,
             gradient_checkpointing: str, lora_ranks: tuple[int, ...], lora_targets: tuple[str, ...], precision: str,
             gpus: int,
-            batch_sizes: tuple[int, ...] | None, max_batch: int | None, steps: int, warmup_steps: int,
+            batch_sizes: tuple[int, ...] | None, max_batch: int | None, verify: bool | None, steps: int, warmup_steps: int,
             timeout: float, alloc_conf: str, log_dir: Path | None) -> None:
     """Run short real fine-tunes of every combination of the options, at a ladder of batch sizes.
 
@@ -99,9 +107,11 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
         settings = runnable_here(settings, device)
     out = out or measure.default_records_path()
     machine = machine or measure.machine_id(pinned_machine_id(out))
-    plan = CalibrationPlan(out=out, device=device, steps=steps,
+    quick = device == "cuda" and batch_sizes is None and max_batch is None
+    plan = CalibrationPlan(out=out, device=device, steps=steps, verify=quick if verify is None else verify,
                            warmup_steps=warmup_steps, timeout=timeout,
-                           max_batch=max_batch or DEFAULT_MAX_BATCH[device], batch_sizes=batch_sizes,
+                           max_batch=max_batch or DEFAULT_MAX_BATCH[device],
+                           batch_sizes=QUICK_BATCH_SIZES if quick else batch_sizes,
                            machine_id=machine, command=_command_line(ctx), log_dir=log_dir)
     _check_writable(plan.out)
     console = Console(soft_wrap=True)
