@@ -32,11 +32,12 @@ def _training_arguments(tmp_path):
     return kwargs, TrainingArguments(**kwargs, use_cpu=True)
 
 
-def test_deepspeed_offload_setup_loads_in_training_arguments_and_validates_in_deepspeed(tmp_path):
+def test_deepspeed_offload_setup_loads_in_training_arguments_and_validates_in_deepspeed(tmp_path, monkeypatch):
     from deepspeed.runtime.config import DeepSpeedConfig
 
     setting = Setting(model="llama-3-8b", zero_stage=2, offload_optimizer=True, liger=True, gradient_checkpointing=True)
     setup = _emit(tmp_path, setting)
+    monkeypatch.chdir(tmp_path)  # the folder's paths are relative to it, as its README says
     kwargs, args = _training_arguments(tmp_path)
     assert args.per_device_train_batch_size == setup.batch and args.num_train_epochs == 2
     assert args.gradient_checkpointing and args.bf16 and args.use_liger_kernel

@@ -8,6 +8,8 @@ explicitly so the file says what was planned, and the Trainer checks it against 
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 from ftplan.calibration.deepspeed_config import deepspeed_config
@@ -19,6 +21,8 @@ from ftplan.planner.search import PlanRequest, SetupPlan
 DS_CONFIG = "ds_config.json"
 TRAINING_ARGS = "training_args.json"
 README = "README.txt"
+OWN_FILES = (DS_CONFIG, TRAINING_ARGS, README)  # all ftplan ever writes into an emit folder, and all --force replaces
+OUTPUT_DIR = "output"
 
 
 def ds_config(setting: Setting, micro_batch: int) -> dict | None:
@@ -66,9 +70,10 @@ def readme(setup: SetupPlan, request: PlanRequest) -> str:
         f"micro-batch {setup.batch} per GPU, {setup.eta.steps:,} steps x {setup.eta.seconds_per_step:.2f} s = "
         f"{format_duration(setup.eta.total_seconds)} (h:mm), predicted source: {setup.best.source}",
         "",
-        "Load the arguments and train:",
+        "Run from this folder: training_args.json names ds_config.json and output/ relative to it, so the folder",
+        "works wherever it is copied (to the cluster, say). Load the arguments in your train.py and launch it:",
         "    args = TrainingArguments(**json.load(open('training_args.json')))",
-        f"    launch with: {launch}",
+        f"    cd THIS_FOLDER && {launch}",
     ]
     if setting.liger:
         lines += ["", "Liger: training_args.json sets use_liger_kernel=True; outside the Trainer patch the model first:",
@@ -85,24 +90,55 @@ def readme(setup: SetupPlan, request: PlanRequest) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_configs(directory: Path, setup: SetupPlan, request: PlanRequest) -> list[Path]:
-    """Write training_args.json, ds_config.json (DeepSpeed setups only) and README.txt; return their paths."""
+def write_configs(directory: Path, setup: SetupPlan, request: PlanRequest, force: bool = False) -> list[Path]:
+    """Write training_args.json, ds_config.json (DeepSpeed setups only) and README.txt; return their paths.
+
+    The folder must be empty, so a user's files are never overwritten; force replaces ftplan's own
+    files there (all of them, so no ds_config.json of an earlier plan is left beside a plan without
+    DeepSpeed) and keeps the rest. Nothing is written through a symlink, which could point anywhere.
+    """
     directory = Path(directory)
+    if directory.is_symlink():
+        raise FtplanError(f"{directory} is a symlink; emit into a real folder")
+    files = _file_texts(setup, request)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        written = []
-        ds = ds_config(setup.setting, setup.batch)
-        ds_path = None
-        if ds is not None:
-            ds_path = directory / DS_CONFIG
-            ds_path.write_text(json.dumps(ds, indent=2) + "\n")
-            written.append(ds_path)
-        args = training_args(setup.setting, setup.batch, request.epochs, str(directory / "output"),
-                             str(ds_path.resolve()) if ds_path else None)
-        args_path = directory / TRAINING_ARGS
-        args_path.write_text(json.dumps(args, indent=2) + "\n")
-        readme_path = directory / README
-        readme_path.write_text(readme(setup, request))
+        folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # the folder checked is the one written
+        try:
+            _make_room(folder, directory, force)
+            for name, text in files.items():
+                _write_new(folder, name, text)
+        finally:
+            os.close(folder)
     except OSError as exc:
         raise FtplanError(f"cannot write configs to {directory}: {exc.strerror}") from None
-    return [*written, args_path, readme_path]
+    return [directory / name for name in files]
+
+
+def _file_texts(setup: SetupPlan, request: PlanRequest) -> dict[str, str]:
+    """Every file of the plan by name; paths inside are relative to the folder, so it can be copied as a whole."""
+    ds = ds_config(setup.setting, setup.batch)
+    args = training_args(setup.setting, setup.batch, request.epochs, OUTPUT_DIR, DS_CONFIG if ds else None)
+    texts = {DS_CONFIG: json.dumps(ds, indent=2) + "\n"} if ds else {}
+    return {**texts, TRAINING_ARGS: json.dumps(args, indent=2) + "\n", README: readme(setup, request)}
+
+
+def _make_room(folder: int, directory: Path, force: bool) -> None:
+    """Refuse a folder with anything in it unless forced; forced, remove ftplan's own files, never a symlink's target."""
+    present = set(os.listdir(folder))
+    if present and not force:
+        raise FtplanError(f"{directory} is not empty; emit into a new folder, or pass --force to replace "
+                          f"ftplan's own files there ({', '.join(OWN_FILES)}) and keep the rest")
+    own = [name for name in OWN_FILES if name in present]
+    for name in own:
+        if stat.S_ISLNK(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode):
+            raise FtplanError(f"{directory / name} is a symlink; ftplan does not write through it")
+    for name in own:
+        os.unlink(name, dir_fd=folder)
+
+
+def _write_new(folder: int, name: str, text: str) -> None:
+    """Create the file afresh: O_EXCL never opens an existing file or a symlink put there meanwhile."""
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=folder)
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        file.write(text)

@@ -70,12 +70,16 @@ host_memory_option = click.option(
 @calibrations_option
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--emit", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Write the recommended setup's ds_config.json, training_args.json and README.txt here.")
+              help="Write the recommended setup's ds_config.json, training_args.json and README.txt into this "
+                   "new or empty folder.")
+@click.option("--force", is_flag=True,
+              help="With --emit into a folder that is not empty: replace the files ftplan wrote there, keep the rest.")
 def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name: str, gpu_specs: Path | None,
             gpus: str, gpus_per_node: int, intra_node_bandwidth: str | None, inter_node_bandwidth: str | None,
             price_per_hour: float | None, max_hours: float | None, by: str, training: str,
             lora_ranks: tuple[int, ...], precision: str | None, safety_margin: float | None, context_reserve_gib: float,
-            host_memory_gib: float | None, calibrations: tuple[Path, ...], as_json: bool, emit: Path | None) -> None:
+            host_memory_gib: float | None, calibrations: tuple[Path, ...], as_json: bool, emit: Path | None,
+            force: bool) -> None:
     """Which setup finishes fastest (or cheapest) on this GPU, with its largest safe batch, ETA and cost;
     with several GPU counts, how full and LoRA fine-tuning scale and which count to use."""
     load_architecture(model)  # an unknown model fails here, with close names, before any fitting
@@ -119,5 +123,5 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
         if plan is None or plan.recommended is None:
             raise FtplanError("nothing to emit: no setup was recommended")
         from ftplan.planner.emit import write_configs
-        written = write_configs(emit, plan.recommended, plan.request)
+        written = write_configs(emit, plan.recommended, plan.request, force)
         click.echo(f"wrote {', '.join(str(p) for p in written)}", err=as_json)
