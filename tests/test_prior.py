@@ -156,3 +156,15 @@ def test_compute_rate_tells_loss_traffic_from_mfu_only_with_fused_and_unfused_la
     assert (fitted.mfu, fitted.loss_bytes_per_logit) == (pytest.approx(0.4), pytest.approx(60.0))
     unfused_only = fit_compute_rate([ladder for ladder in ladders if not ladder.setting.liger])
     assert unfused_only.loss_bytes_per_logit == 0.0  # not identifiable: MFU alone
+
+
+def test_zero3_buffers_follow_deepspeeds_defaults():
+    """The IPG bucket (5e8 half-precision elements) and the largest gathered module: Llama-3-8B's untied
+    embedding and lm_head (2 × 128256 × 4096) plus one layer and the 5e7 prefetch, under the 1e9 live cap."""
+    from ftplan.models.prior import zero3_buffer_bytes
+
+    arch = load_architecture("llama-3-8b")
+    expected = 5e8 * 2 + min(1e9, 2 * 128256 * 4096 + arch.params_per_layer() + 5e7) * 2
+    assert zero3_buffer_bytes(arch, Setting("llama-3-8b", zero_stage=3, gpus=8)) == expected
+    lora = zero3_buffer_bytes(arch, Setting("llama-3-8b", zero_stage=3, lora_rank=16))
+    assert lora < expected  # the bucket never exceeds the trainable parameters

@@ -87,9 +87,7 @@ def memory_terms(arch: Architecture, setting: Setting) -> MemoryTerms:
     matmul_params = arch.layers * arch.params_per_layer() + arch.vocab * arch.hidden
     copies = matmul_params * (fb if setting.lora_rank else tb).autocast_copies  # the matmul weights are the frozen base under LoRA
     early_grad = 0 if setting.lora_rank else arch.vocab * arch.hidden * tb.gradients
-    gathered = 0.0
-    if setting.zero_stage == 3:
-        gathered = (arch.vocab * arch.hidden + arch.params_per_layer()) * tb.weights * (setting.world_size - 1)
+    gathered = zero3_buffer_bytes(arch, setting) if setting.zero_stage == 3 else 0.0
     per_token = activations_bytes_per_token(arch, setting) + loss_bytes_per_token(arch, setting)
     gradients = trainable * tb.gradients
     return MemoryTerms(
@@ -98,6 +96,29 @@ def memory_terms(arch: Architecture, setting: Setting) -> MemoryTerms:
         backward_end=resident + gradients,
         optimizer_step=resident + gradients + trainable * tb.step_temporaries,
     )
+
+
+# DeepSpeed 0.19.8 defaults (deepspeed/runtime/zero/config.py), which the Trainer keeps when the config
+# sets no value: `reduce_bucket_size` 5e8 elements, `stage3_prefetch_bucket_size` 5e7,
+# `stage3_max_live_parameters` 1e9.
+DS_REDUCE_BUCKET_ELEMENTS = 5e8
+DS_PREFETCH_BUCKET_ELEMENTS = 5e7
+DS_MAX_LIVE_PARAMETERS = 1e9
+
+
+def zero3_buffer_bytes(arch: Architecture, setting: Setting) -> float:
+    """ZeRO-3's own device buffers, from DeepSpeed's stage3.py: the contiguous-gradient (IPG) bucket of
+    `reduce_bucket_size` elements in the half-precision communication dtype, allocated once at start-up;
+    and the parameters gathered whole for the module running now plus the prefetch bucket, capped at
+    `stage3_max_live_parameters` (the embedding, and an untied lm_head, are the largest such modules).
+    On one GPU the gather is a full copy too (the measured one-GPU Llama-3.2-1B ZeRO-3 ladder sits
+    2.8 GiB above the bare states)."""
+    half = 2
+    trainable = arch.trainable_params(setting.lora_rank, setting.lora_targets)
+    bucket = min(DS_REDUCE_BUCKET_ELEMENTS, trainable) * half
+    embeddings = arch.vocab * arch.hidden * (1 if arch.tied_embeddings else 2)
+    live = min(DS_MAX_LIVE_PARAMETERS, embeddings + arch.params_per_layer() + DS_PREFETCH_BUCKET_ELEMENTS)
+    return bucket + live * half
 
 
 def _flops_per_sample(arch: Architecture, setting: Setting) -> float:
