@@ -6,18 +6,13 @@ physics says; they are not measurements and never leave the tests.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ftplan.core.hardware import GpuSpec
 from ftplan.core.records import build_record
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.prediction import Estimate, Prediction
-
-TEST_CACHE = Path(tempfile.gettempdir()) / f"ftplan-test-fit-cache-{os.getuid()}"  # shared by runs: it is only a cache
 
 
 @dataclass
@@ -68,7 +63,6 @@ def run_ftplan(args, capsys, monkeypatch):
     from ftplan.planner.cli import main
 
     monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main() replaces it; restore afterwards
-    monkeypatch.setenv("FTPLAN_CACHE_DIR", str(TEST_CACHE))
     try:
         main(list(map(str, args)))
         code = 0

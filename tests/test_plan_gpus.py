@@ -22,13 +22,9 @@ def range_plan():
     import contextlib
     import io
 
-    from _pytest.monkeypatch import MonkeyPatch
-
     from ftplan.planner.cli import main
-    from tests.helpers import TEST_CACHE
 
-    with MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as out:
-        patch.setenv("FTPLAN_CACHE_DIR", str(TEST_CACHE))
+    with contextlib.redirect_stdout(io.StringIO()) as out:
         main([*map(str, PLAN), "--gpus", "1,8,16", "--inter-node-bandwidth", "600MB/s", "--price-per-hour", "3",
               "--max-hours", "0.5", "--json"])
     return json.loads(out.getvalue())
