@@ -10,12 +10,22 @@ Nothing here may break the user's training: a failure inside the callback is rep
 and the callback turns itself off. The record is written once: at on_train_end, or, when training
 is interrupted, from a SIGTERM handler or at interpreter exit (an uncaught out-of-memory error
 becomes status "oom").
+
+A batch that ran out of memory once is never recorded as healthy, even when the user's code caught
+the error and went on (a retry loop, a skipped step, a notebook): later plans would trust it as
+measured. The CUDA allocator counts every OOM it raises, and the model's forward hook sees one
+raised in forward on any device. The callback takes part in no collective: on several ranks, a
+rank whose callback failed would not join it, and the user's next collective would pair with ours
+and hang the job; ranks leave their results to rank 0 in files beside the record instead.
 """
 
 from __future__ import annotations
 
 import atexit
 import datetime as dt
+import hashlib
+import itertools
+import json
 import os
 import shlex
 import signal
@@ -43,6 +53,10 @@ from ftplan.models.prediction import SOURCE_CALIBRATED, SOURCE_EXTRAPOLATED, Pre
 from ftplan.models.predictor import Predictor
 
 SOURCE = "trainer_callback"
+RANKS_DIR = ".ftplan-ranks"  # beside the record: on a shared file system rank 0 sees other nodes' results too
+PEER_WAIT_SECONDS = 10.0  # ranks end training within a step of each other; a rank whose callback failed never writes
+RANK_START_SPREAD_SECONDS = 600.0  # a result file of another run with the same name is older than this
+_TRAIN_CALLS = itertools.count(1)  # every rank calls train() as often as the others, so this numbers runs alike
 
 
 def default_out() -> Path:
@@ -80,6 +94,17 @@ class FtplanCallback(TrainerCallback):
         self._guard(self._begin, args, state, model)
 
     def on_step_begin(self, args, state, control, **kwargs):
+        self._guard(self._step_begin)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._guard(self._step_end)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._guard(self._finish, None)
+
+    # Steps ---------------------------------------------------------------------------------------
+
+    def _step_begin(self) -> None:
         if self._run is None or self._steps_done < self.warmup_steps:
             return
         if self._steps_done == self.warmup_steps:
@@ -87,16 +112,16 @@ class FtplanCallback(TrainerCallback):
         self._run.sync()
         self._step_started = time.perf_counter()
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def _step_end(self) -> None:
         self._steps_done += 1
-        if self._step_started is None or self._run is None:
+        if self._run is None:
+            return
+        self._run.note_oom()
+        if self._step_started is None:
             return
         self._run.sync()
         self.step_seconds.append(time.perf_counter() - self._step_started)
         self._step_started = None
-
-    def on_train_end(self, args, state, control, **kwargs):
-        self._guard(self._finish, None)
 
     # Start ---------------------------------------------------------------------------------------
 
@@ -120,7 +145,7 @@ class FtplanCallback(TrainerCallback):
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == self._on_sigterm:
             signal.signal(signal.SIGTERM, self._previous_sigterm or signal.SIG_DFL)
         if self._run is not None:
-            self._run.remove_hook()
+            self._run.remove_hooks()
 
     def _announce(self) -> None:
         """Print the prediction for this run as soon as its sequence length is known."""
@@ -142,25 +167,31 @@ class FtplanCallback(TrainerCallback):
     # End -----------------------------------------------------------------------------------------
 
     def _finish(self, interruption: BaseException | str | None) -> None:
-        """Write the record once; on interruption other ranks may be gone, so only this rank's numbers are used."""
+        """Write the record once, on rank 0, with the results of the ranks that left theirs in time.
+
+        On interruption other ranks may be gone, so rank 0 takes only the results already there.
+        """
         if self._finished or self._run is None:
             return
         self._finished = True
         self._release()
         run = self._run
-        interrupted = interruption is not None
-        results = run.gather(self._rank_result(), collective=not interrupted)
+        run.note_oom()
+        result = self._rank_result()
         if not run.is_main:
+            run.share(result)
             return
-        status, message = _status(interruption, len(self.step_seconds), run)
+        results = run.peer_results(result, wait=PEER_WAIT_SECONDS if interruption is None else 0.0)
+        oom = next((f"rank {r['rank']}: {r['oom_seen']}" for r in results if r.get("oom_seen")), None)
+        status, message = _status(interruption, len(self.step_seconds), run, oom)
         if status is None:
             _say(f"ftplan: training stopped ({message}); no step was measured, so no record was written")
             return
-        if interrupted and run.world_size > 1:
-            message += "; only rank 0's measurements (other ranks may be gone)"
+        missing = sorted(set(range(run.world_size)) - {r["rank"] for r in results})
+        if missing:
+            message = "; ".join(filter(None, [message, f"no measurements from rank(s) {', '.join(map(str, missing))}"]))
         setting = run.setting()
-        outcome = TrialOutcome([RankOutcome(rank, status, message, r) for rank, r in enumerate(results)],
-                               time.time() - run.started)
+        outcome = TrialOutcome([RankOutcome(r["rank"], status, message, r) for r in results], time.time() - run.started)
         self.record = build_record(
             setting, run.micro_batch, status, message=message,
             timestamp=dt.datetime.fromtimestamp(run.started, dt.timezone.utc).isoformat(timespec="seconds"),
@@ -177,7 +208,8 @@ class FtplanCallback(TrainerCallback):
 
     def _rank_result(self) -> dict:
         allocated, reserved, retries = measure.peak_memory(self._run.device)
-        return {"peak_allocated_bytes": allocated, "peak_reserved_bytes": reserved, "num_alloc_retries": retries,
+        return {"rank": self._run.rank, "started": self._run.started, "oom_seen": self._run.oom_seen,
+                "peak_allocated_bytes": allocated, "peak_reserved_bytes": reserved, "num_alloc_retries": retries,
                 "step_seconds": list(self.step_seconds), "params_total": self._run.arch.params_total,
                 "params_trainable": self._run.params_trainable, "gpu_name": self._run.gpu_name,
                 "gpu_memory_total_bytes": self._run.gpu_memory, "versions": measure.library_versions()}
@@ -210,10 +242,13 @@ class _Run:
     """What the callback reads from the Trainer run: setting, device, ranks, and the sequence length seen."""
 
     def __init__(self, args, state, model, seq_len: int | None, config_dir: Path, machine_id: str) -> None:
+        self.key = _run_key(str(args.output_dir), next(_TRAIN_CALLS))
         self.started = time.time()
         self.machine_id = machine_id
         self.device = args.device.type if args.device.type == "cuda" else "cpu"
         self.is_main = bool(state.is_world_process_zero)
+        self.rank = int(args.process_index)
+        self.ranks_dir = config_dir / RANKS_DIR
         self.world_size = int(args.world_size)
         self.micro_batch = int(args.per_device_train_batch_size)
         self.grad_accum = int(args.gradient_accumulation_steps)
@@ -228,7 +263,10 @@ class _Run:
         self.seq_len_max, self.seq_len_min = seq_len, seq_len
         self.prediction = None
         self.on_first_forward = lambda: None
-        self._hook = model.register_forward_pre_hook(self._see_batch, with_kwargs=True)
+        self.oom_seen: str | None = None
+        self._ooms_at_start = _cuda_oom_count()  # a retry loop's earlier OOMs belong to earlier runs
+        self._hooks = [model.register_forward_pre_hook(self._see_batch, with_kwargs=True),
+                       model.register_forward_hook(self._see_failure, always_call=True)]
         if self.device == "cuda":
             import torch
 
@@ -252,23 +290,71 @@ class _Run:
         if first:
             self.on_first_forward()
 
-    def remove_hook(self) -> None:
-        self._hook.remove()
+    def _see_failure(self, module, args, output) -> None:
+        """Forward hook, also run when forward raised (then output is None): note an OOM the user's code may catch."""
+        error = sys.exc_info()[1]
+        if output is None and module.training and self.oom_seen is None and error is not None and _is_oom(error):
+            self.oom_seen = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+
+    def note_oom(self) -> None:
+        """Note an OOM the CUDA allocator raised since the run began, though training went on past it."""
+        ooms = _cuda_oom_count() - self._ooms_at_start
+        if ooms > 0 and self.oom_seen is None:
+            self.oom_seen = f"the CUDA allocator raised {ooms} out-of-memory error(s)"
+
+    def remove_hooks(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
 
     def setting(self) -> Setting:
         if self.seq_len_max is None:
             raise FtplanError("no training batch with input_ids was seen; pass seq_len= to FtplanCallback")
         return Setting(seq_len=self.seq_len_max, **self._fields)
 
-    def gather(self, result: dict, collective: bool) -> list[dict]:
-        """Every rank's result on every rank (one small all_gather at the end), or only ours."""
-        import torch.distributed as dist
+    def share(self, result: dict) -> None:
+        """Leave this rank's result for rank 0 in a file (written whole, then renamed into place)."""
+        path = self._result_path(self.rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(result))
+        os.replace(partial, path)
 
-        if not collective or self.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
-            return [result]
-        results: list = [None] * dist.get_world_size()
-        dist.all_gather_object(results, result)
-        return results
+    def peer_results(self, own: dict, wait: float) -> list[dict]:
+        """This rank's result and those the other ranks left, waiting at most `wait` seconds for them."""
+        paths = [self._result_path(rank) for rank in range(self.world_size) if rank != self.rank]
+        deadline = time.monotonic() + wait
+        while not all(p.exists() for p in paths) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        peers = [_take_result(path, self.started) for path in paths]
+        return [own, *(p for p in peers if p is not None)]
+
+    def _result_path(self, rank: int) -> Path:
+        return self.ranks_dir / f"{self.key}-rank{rank}.json"
+
+
+def _run_key(output_dir: str, call: int) -> str:
+    """The same on every rank of one train() call, found without talking: the launcher's rendezvous (torchrun,
+    deepspeed and accelerate set MASTER_ADDR/PORT, torchrun a run id), the Trainer's output folder, the call."""
+    names = [os.environ.get(n, "") for n in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")]
+    return hashlib.sha256("|".join([*names, output_dir, str(call)]).encode()).hexdigest()[:16]
+
+
+def _take_result(path: Path, started: float) -> dict | None:
+    """A rank's result, removed once read; None when missing, unreadable or from another run of the same name."""
+    try:
+        result = json.loads(path.read_text())
+        path.unlink()
+        fresh = abs(float(result["started"]) - started) < RANK_START_SPREAD_SECONDS and isinstance(result["rank"], int)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return result if fresh else None
+
+
+def _cuda_oom_count() -> int:
+    """Out-of-memory errors the CUDA allocator raised in this process, caught or not (0 where CUDA is not in use)."""
+    import torch
+
+    return int(torch.cuda.memory_stats().get("num_ooms", 0))
 
 
 def _predict(setting: Setting, micro_batch: int, gpu: str, out: Path, machine_id: str) -> Prediction | str:
@@ -294,7 +380,8 @@ def _predict(setting: Setting, micro_batch: int, gpu: str, out: Path, machine_id
                       SOURCE_CALIBRATED if inside else SOURCE_EXTRAPOLATED)
 
 
-def _status(interruption: BaseException | str | None, steps_measured: int, run: _Run) -> tuple[str | None, str]:
+def _status(interruption: BaseException | str | None, steps_measured: int, run: _Run,
+            oom_seen: str | None) -> tuple[str | None, str]:
     """Record status and message; (None, why) when there is nothing worth recording."""
     notes = []
     if interruption is not None:
@@ -303,6 +390,8 @@ def _status(interruption: BaseException | str | None, steps_measured: int, run: 
         if _is_oom(interruption):
             return "oom", f"out of memory after {steps_measured} measured step(s): {why}"
         notes.append(f"interrupted after {steps_measured} measured step(s): {why}")
+    if oom_seen:
+        return "oom", f"out of memory though training went on ({oom_seen}); {steps_measured} measured step(s)"
     if not steps_measured:
         return None, notes[0] if notes else "the run ended within the warm-up steps"
     if run.seq_len_min != run.seq_len_max:
