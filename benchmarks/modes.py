@@ -59,8 +59,8 @@ def evaluate_modes(own: list[dict], public: list[dict]) -> dict:
         rows = {
             "3 smallest points": [_three_points(ladder, true, rate_of, verify=False) for ladder, true in own_ladders + public_ladders],
             "3 points + verify": [_three_points(ladder, true, rate_of, verify=True) for ladder, true in own_ladders + public_ladders],
-            "other GPU": [_from_predictor(Predictor.from_records(own), ladder, true, "other GPU") for ladder, true in public_ladders],
-            "prior only": [_from_predictor(Predictor.from_records(_without(own, ladder)), ladder, true, "prior only")
+            "other GPU": [_from_predictor(Predictor.fit(own), ladder, true, "other GPU") for ladder, true in public_ladders],
+            "prior only": [_from_predictor(Predictor.fit(_without(own, ladder)), ladder, true, "prior only")
                            for ladder, true in own_ladders],
         }
     return {mode: {"summary": summarise(found), "rows": found} for mode, found in rows.items()}

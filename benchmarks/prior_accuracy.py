@@ -60,7 +60,7 @@ def held_out_errors(records: list[dict], group_of: Callable[[dict], str],
         return found
     for group in groups:
         rest = [r for r in records if group_of(r) != group]
-        predictor = Predictor.from_records(rest, gpu_catalog=catalog)
+        predictor = Predictor.fit(rest, gpu_catalog=catalog)
         for record in records:
             if (group_of(record) != group or not judged(record) or record["status"] != "ok"
                     or record.get("device", "cuda") != "cuda"):

@@ -66,11 +66,12 @@ def test_the_activation_slope_range_covers_every_ladder(shipped):
     assert ACTIVATION_SLOPE_LOW <= min(ratios) and max(ratios) <= ACTIVATION_SLOPE_HIGH, sorted(ratios)
 
 
+PUBLIC_MISSING = f"PUBLIC MEASUREMENTS MISSING at {DEFAULT_DIR}: the other-GPU trust test cannot run"
+
+
 @pytest.fixture(scope="module")
 def modes(shipped) -> dict:
-    if not DEFAULT_DIR.is_dir():
-        pytest.fail(f"the public measurements are missing: {DEFAULT_DIR} (the trust modes need them)")
-    return evaluate_modes(shipped, load_external())
+    return evaluate_modes(shipped, load_external() if DEFAULT_DIR.is_dir() else [])
 
 
 def test_no_mode_of_our_own_data_plans_an_oom_and_verify_gets_close(modes):
@@ -81,6 +82,7 @@ def test_no_mode_of_our_own_data_plans_an_oom_and_verify_gets_close(modes):
     assert modes["prior only"]["summary"]["planned_over_true_median"] >= 0.7
 
 
+@pytest.mark.skipif(not DEFAULT_DIR.is_dir(), reason=PUBLIC_MISSING)
 def test_other_gpu_plans_never_oom(modes):
     # the public 8xA100 ZeRO-3 ladder ran 12 and ran out of memory at 13: with only the H200 data the prior
     # plans it; its bound is sized by its errors on settings left out, a one-GPU ZeRO-3 ladder among them

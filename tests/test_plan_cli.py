@@ -79,7 +79,7 @@ def test_the_whole_setup_search_takes_well_under_a_few_seconds(external):
     from ftplan.models.safe_batch import MemoryBudget
     from ftplan.planner.search import PlanRequest, make_plan
 
-    predictor, gpu = Predictor.from_records(read_records([external])), find_gpu("RTX-3090")
+    predictor, gpu = Predictor.fit(read_records([external])), find_gpu("RTX-3090")
     request = PlanRequest(base=Setting(model="qwen1.5-0.5b"), dataset_size=19692, epochs=1, gpu=gpu,
                           budget=MemoryBudget(gpu.memory_bytes))
     start = time.perf_counter()

@@ -75,7 +75,7 @@ def test_more_bandwidth_between_nodes_is_never_slower():
                           budget=MemoryBudget(gpu.memory_bytes))
     hours = []
     for inter in ("cloud", "100gbe", "ib-ndr"):
-        predictor = Predictor.from_records(records, links=links_from_catalog(intra="nvlink4", inter=inter))
+        predictor = Predictor.fit(records, links=links_from_catalog(intra="nvlink4", inter=inter))
         plan = plan_at(predictor, request, 32, 8).plan
         hours.append({s.setting: s.eta.hours for s in plan.ranked})
     for slow, fast in zip(hours, hours[1:]):
@@ -166,17 +166,26 @@ def test_eta_says_whether_the_offload_fits_in_host_ram(capsys, monkeypatch):
     assert "needs 135.6 GiB of host RAM per node" in out and "--host-memory-gib checks it" in out
 
 
-def test_fit_cache_returns_the_same_fits_and_refits_when_the_records_change(tmp_path, monkeypatch):
+def test_fit_cache_returns_the_same_predictor_refits_on_any_change_and_never_trusts_an_edited_file(tmp_path, monkeypatch):
+    from ftplan.core.hardware import load_catalog
     from ftplan.core.paths import calibrations_dir
     from ftplan.core.records import read_records
-    from ftplan.planner.fit_cache import cache_key, cached_fits
+    from ftplan.planner.fit_cache import cache_key, cached_predictor
 
     monkeypatch.setenv("FTPLAN_CACHE_DIR", str(tmp_path / "cache"))
-    records = read_records([calibrations_dir()])
-    fitted = cached_fits(records)
-    assert len(list((tmp_path / "cache").glob("fits-*.json"))) == 1
-    assert [f.to_json() for f in cached_fits(records).fits] == [f.to_json() for f in fitted.fits]
+    records, catalog = read_records([calibrations_dir()]), load_catalog()
+    fitted = cached_predictor(records, catalog)
+    (stored,) = (tmp_path / "cache").glob("predictor-*.json")
+    again = cached_predictor(records, catalog)
+    assert [f.to_json() for f in again.fits.fits] == [f.to_json() for f in fitted.fits.fits]
+    assert again.constants == fitted.constants
     edited = [dict(r) for r in records]
     edited[0]["peak_allocated_bytes"] += 1  # same size and mtime on disk would still differ in content
-    assert cache_key(edited) != cache_key(records)
-    assert cache_key(records, {"X": 1}) != cache_key(records)  # another GPU catalog refits the prior
+    assert cache_key(edited, catalog) != cache_key(records, catalog)
+    other = {**catalog, "X": catalog["H200"]}
+    assert cache_key(records, other) != cache_key(records, catalog)  # another GPU catalog refits the prior
+    # a hand-edited cache (constants changed, digest not) is refitted, not trusted
+    data = json.loads(stored.read_text())
+    data["payload"]["constants"][""]["memory_margin"] = 0.0
+    stored.write_text(json.dumps(data))
+    assert cached_predictor(records, catalog).constants == fitted.constants

@@ -39,7 +39,7 @@ def _records(setting: Setting = CALIBRATED) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def predictor() -> Predictor:
-    return Predictor.from_records(_records())
+    return Predictor.fit(_records())
 
 
 def _bent(setting: Setting, batch: int, gpu=H200):
@@ -89,7 +89,7 @@ def test_uncalibrated_settings_use_the_prior_corrected_by_related_records(predic
 
 
 def test_no_calibration_at_all_still_predicts_from_the_prior():
-    prediction = Predictor.from_records([]).predict(Setting("llama-3-8b", lora_rank=16), 2, H200)
+    prediction = Predictor.fit([]).predict(Setting("llama-3-8b", lora_rank=16), 2, H200)
     assert prediction.source == SOURCE_PRIOR
     assert 0 < prediction.peak_allocated.mean < prediction.peak_reserved.mean
     assert prediction.seconds_per_step.mean > 0
@@ -103,7 +103,7 @@ def test_a_shipped_measured_batch_is_predicted_as_measured():
     records = read_records([calibrations_dir()])
     measured = next(r for r in records if r["model"] == "qwen2.5-0.5b" and r["micro_batch"] == 19 and r["status"] == "ok"
                     and Setting.from_dict(r) == Setting("qwen2.5-0.5b"))
-    prediction = Predictor.from_records(records).predict(Setting("qwen2.5-0.5b"), 19, H200)
+    prediction = Predictor.fit(records).predict(Setting("qwen2.5-0.5b"), 19, H200)
     assert prediction.evidence == "measured"
     assert prediction.peak_allocated.mean == pytest.approx(measured["peak_allocated_bytes"], rel=0.01)
 

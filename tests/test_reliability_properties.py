@@ -40,7 +40,7 @@ def fitted_predictor(static_gib: float, slopes: tuple[float, float]) -> Predicto
         record["gpu_name"] = "NVIDIA H200"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return Predictor.from_records(records)
+        return Predictor.fit(records)
 
 
 # Two fixed record shapes (each fit takes seconds here): light static memory with a steep second phase,
@@ -78,7 +78,7 @@ def test_prior_memory_never_falls_as_batch_or_sequence_grows(model, batch, seq, 
 
 @functools.lru_cache(maxsize=1)
 def _prior_only() -> Predictor:
-    return Predictor.from_records([])
+    return Predictor.fit([])
 
 
 def _request(dataset_size: int = 10_000, epochs: float = 1.0, capacity_gib: float = 80, margin: float = 0.05,

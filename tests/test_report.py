@@ -31,7 +31,7 @@ def test_curves_show_the_planners_largest_safe_batch_under_the_cards_limit(tmp_p
     records = read_records([write_external_jsonl(tmp_path / "external.jsonl")])
     gpu = find_gpu("RTX-3090")
     budget = MemoryBudget(gpu.memory_bytes)
-    curves = collect_curves(records, Predictor.from_records(records), {"RTX-3090": gpu}, {"RTX-3090": budget})
+    curves = collect_curves(records, Predictor.fit(records), {"RTX-3090": gpu}, {"RTX-3090": budget})
     assert len(curves) == 4  # the four single-GPU set-ups of the public 0.5B measurements
     for c in curves:
         assert c.batches[0] == 1 and c.batches[-1] >= max(r["micro_batch"] for r in c.measured)

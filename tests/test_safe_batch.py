@@ -28,7 +28,7 @@ def h200_records():
 
 
 def test_planner_search_over_the_predictor_lands_on_the_fits_own_safe_batch(h200_records):
-    predictor, fits = Predictor.from_records(h200_records), fit_records(h200_records).fits
+    predictor, fits = Predictor.fit(h200_records), fit_records(h200_records).fits
     assert len(fits) >= 5
     for fit in fits:
         gpu, budget = find_gpu(fit.gpu_name), MemoryBudget(fit.capacity_bytes)

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from ftplan.core.architecture import cached_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import GpuSpec, find_gpu, load_catalog
-from ftplan.core.paths import calibrations_dir
-from ftplan.core.records import read_records
 from ftplan.core.settings import Setting
 from ftplan.models.communication import (
     Links,
@@ -62,37 +61,59 @@ class _Evidence:
 
 
 class Predictor:
-    """Predicts per-GPU peak memory and seconds per step; cached, so thousands of calls stay under a second."""
+    """Per-GPU peak memory and seconds per step, from what `Predictor.fit` learned once.
 
-    def __init__(self, records: list[dict], fits: FitSet, gpu_catalog: dict[str, GpuSpec] | None = None,
-                 links: Links | None = None, constants: dict[str, PriorConstants] | None = None):
+    In the scikit-learn manner: `fit` does the work (the per-setting fits and the prior's constants,
+    with the user's GPU catalog) and returns a predictor that only stores them; `predict` reads them
+    and never learns anything (its memo is a cache, so thousands of planner calls stay fast). The
+    planner caches the fitted parts on disk, keyed on the content of everything they depend on.
+    """
+
+    def __init__(self, records: list[dict], fits: FitSet, constants: dict[str, PriorConstants],
+                 gpu_catalog: dict[str, GpuSpec] | None = None, links: Links | None = None):
         self._records = [r for r in records if r.get("status") in ("ok", "oom")]
         self._fits = fits
+        self._constants = dict(constants)
         self._catalog = gpu_catalog if gpu_catalog is not None else load_catalog()
         self._links = links
-        self._fit_gpus = self._canonical_fit_gpus()
-        self._alloc_confs = sorted({str(r.get("alloc_conf", "")) for r in self._records})
-        self._constants: dict[str, PriorConstants] = dict(constants or {})  # e.g. from ftplan.planner.fit_cache
         self._overlaps: dict[Links, float] = {}
         self._catalog_links: dict[str, Links] = {}
         self._evidence_cache: dict[tuple[Setting, GpuSpec], _Evidence | None] = {}
-        self._step_time_cv = step_time_cv(self._records)
         self._cache: dict[tuple[Setting, int, GpuSpec], Prediction] = {}
 
     @classmethod
-    def from_records(cls, records: list[dict], gpu_catalog: dict[str, GpuSpec] | None = None,
-                     links: Links | None = None) -> Predictor:
+    def fit(cls, records: list[dict], gpu_catalog: dict[str, GpuSpec] | None = None,
+            links: Links | None = None) -> Predictor:
+        """Fit every setting's records and the prior's constants; the user's catalog names the cards."""
+        catalog = gpu_catalog if gpu_catalog is not None else load_catalog()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # groups too small to fit still inform the prior
             fits = fit_records(records)
-        return cls(records, fits, gpu_catalog, links)
+        return cls(records, fits, fit_all_constants(records, catalog), catalog, links)
 
-    @classmethod
-    def default(cls) -> Predictor:
-        """From the calibrations shipped in data/; with none, the prior alone."""
-        folder = calibrations_dir()
-        records = read_records([folder]) if folder.is_dir() else []
-        return cls.from_records(records)
+    @property
+    def fits(self) -> FitSet:
+        return self._fits
+
+    @property
+    def constants(self) -> dict[str, PriorConstants]:
+        return dict(self._constants)
+
+    def with_links(self, links: Links | None) -> Predictor:
+        """The same fitted predictor pricing communication over other links."""
+        return Predictor(self._records, self._fits, self._constants, self._catalog, links)
+
+    @cached_property
+    def _fit_gpus(self) -> dict[str, GpuSpec]:
+        return self._canonical_fit_gpus()
+
+    @cached_property
+    def _alloc_confs(self) -> list[str]:
+        return sorted({str(r.get("alloc_conf", "")) for r in self._records})
+
+    @cached_property
+    def _step_time_cv(self) -> float:
+        return step_time_cv(self._records)
 
     def predict(self, setting: Setting, micro_batch: int, gpu: GpuSpec) -> Prediction:
         if micro_batch < 1:
@@ -102,25 +123,9 @@ class Predictor:
             self._cache[key] = self._predict(setting, micro_batch, gpu)
         return self._cache[key]
 
-    def all_constants(self) -> dict[str, PriorConstants]:
-        """Constants for every calibrated model, learned now, so a cache can store them."""
-        for model in {str(r.get("model")) for r in self._records}:
-            self.constants_for(model)
-        return dict(self._constants)
-
     def constants_for(self, model: str) -> PriorConstants:
-        """The prior's constants learned from this model's records, else all records, else defaults."""
-        if model not in self._constants:
-            every = self._constants.get("") or fit_constants(self._records, self._catalog, "all calibrations")
-            self._constants[""] = every
-            own = fit_constants([r for r in self._records if r.get("model") == model], self._catalog, f"{model} calibrations")
-            # scales from the model's own records; margins never narrower than the prior's error on a
-            # setting left out of all of them (a model's few settings understate what an unseen one misses)
-            self._constants[model] = replace(
-                own, memory_margin=max(own.memory_margin, every.memory_margin),
-                reserved_margin=max(own.reserved_margin, every.reserved_margin),
-                time_margin=max(own.time_margin, every.time_margin)) if own.n_records else every
-        return self._constants[model]
+        """The prior's constants learned from this model's records, else from all records, else defaults."""
+        return self._constants.get(model) or self._constants.get(ALL_MODELS) or PriorConstants()
 
     def _predict(self, setting: Setting, batch: int, gpu: GpuSpec) -> Prediction:
         arch = cached_architecture(setting.model)
@@ -251,6 +256,27 @@ class Predictor:
     def _communication_note(self, setting: Setting) -> str:
         where = f"{setting.gpus} GPUs x {setting.nodes} nodes" if setting.nodes > 1 else f"{setting.gpus} GPUs"
         return f"step time adds modelled gradient communication over {where}"
+
+
+ALL_MODELS = ""  # the key of the constants learned from every record
+
+
+def fit_all_constants(records: list[dict], catalog: dict[str, GpuSpec]) -> dict[str, PriorConstants]:
+    """The prior's constants per calibrated model and from all records (key ALL_MODELS).
+
+    A model's scales come from its own records; its margins are never narrower than the prior's error
+    on a setting left out of all records (a model's few settings understate what an unseen one misses).
+    """
+    ok = [r for r in records if r.get("status") in ("ok", "oom")]
+    every = fit_constants(ok, catalog, "all calibrations")
+    constants = {ALL_MODELS: every}
+    for model in sorted({str(r.get("model")) for r in ok}):
+        own = fit_constants([r for r in ok if r.get("model") == model], catalog, f"{model} calibrations")
+        if own.n_records:
+            constants[model] = replace(own, memory_margin=max(own.memory_margin, every.memory_margin),
+                                       reserved_margin=max(own.reserved_margin, every.reserved_margin),
+                                       time_margin=max(own.time_margin, every.time_margin))
+    return constants
 
 
 def _widened(estimate: Estimate, margin: float) -> Estimate:

@@ -1,9 +1,10 @@
-"""A JSON cache of the fits of the calibration files, so repeated `ftplan plan` calls skip refitting.
+"""A JSON cache of the fitted predictor's parts, so repeated `ftplan plan` calls skip refitting.
 
-Fitting a few dozen records takes over a hundred small scikit-learn regressions (about half a second);
-reading their JSON back takes milliseconds. The key is a digest of the records' content, the GPU catalog
-and the fitting code, so new or edited records, other specs or a changed fitting rule refit.
-JSON only (never pickle): a cache file is data, and a corrupt or foreign one is simply refitted.
+Fitting a hundred records takes several hundred small regressions (seconds); reading their JSON back
+takes milliseconds. The key is a digest of the content of everything a fit depends on (the records,
+the GPU catalog, the fitting code), so edited records, other specs or a changed rule refit. The file
+carries a digest of its own payload: a hand-edited or torn cache is refitted, never trusted. JSON
+only (never pickle): a cache file is data.
 """
 
 from __future__ import annotations
@@ -12,16 +13,17 @@ import hashlib
 import json
 import os
 import tempfile
-import warnings
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from ftplan.core.hardware import GpuSpec
 from ftplan.models.fit import SettingFit
-from ftplan.models.fitset import FitSet, fit_records
+from ftplan.models.fitset import FitSet
+from ftplan.models.predictor import Predictor
 from ftplan.models.prior import PriorConstants
 
-FORMAT = "ftplan-fit-cache-1"
+FORMAT = "ftplan-fit-cache-2"
 
 
 def cache_dir() -> Path:
@@ -40,54 +42,46 @@ def _code_digest() -> str:
     return digest.hexdigest()
 
 
-def cache_key(records: Sequence[dict], catalog: dict | None = None) -> str:
-    """Digest of the content of everything a fit depends on: the records, the GPU catalog, the code.
-
-    Content, not file stamps: a file edited in place with the same size and mtime, or a run with
-    another --gpu-specs, must refit.
-    """
-    text = json.dumps([FORMAT, list(records), sorted((k, repr(v)) for k, v in (catalog or {}).items()),
+def cache_key(records: Sequence[dict], catalog: dict[str, GpuSpec]) -> str:
+    """Digest of the records, the catalog and the code, by content (not file stamps)."""
+    text = json.dumps([FORMAT, list(records), sorted((name, asdict(spec)) for name, spec in catalog.items()),
                        _code_digest()], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def cached_prior_constants(records: list[dict], fits: FitSet, catalog: dict) -> dict[str, PriorConstants]:
-    """The prior's learned constants per calibrated model, cached like the fits (they refit ladders too)."""
-    from ftplan.models.predictor import Predictor
-
+def cached_predictor(records: list[dict], catalog: dict[str, GpuSpec]) -> Predictor:
+    """The fitted predictor of these records and catalog: its parts from the cache when the key and the
+    payload digest match, else fitted now and stored."""
     try:
-        path = cache_dir() / f"prior-{cache_key(records, catalog)}.json"
-    except OSError:
-        return Predictor(records, fits, catalog).all_constants()
-    try:
-        return {model: PriorConstants(**values) for model, values in json.loads(path.read_text()).items()}
-    except (OSError, ValueError, TypeError, AttributeError):
-        pass
-    constants = Predictor(records, fits, catalog).all_constants()
-    _store(path, {model: asdict(c) for model, c in constants.items()})
-    return constants
-
-
-def cached_fits(records: list[dict]) -> FitSet:
-    """The FitSet of these records: from the cache when its key matches, else fitted and stored."""
-    try:
-        path = cache_dir() / f"fits-{cache_key(records)}.json"
+        path = cache_dir() / f"predictor-{cache_key(records, catalog)}.json"
     except OSError:  # the code cannot be read back: fit without a cache
-        return _fit(records)
+        return Predictor.fit(records, catalog)
+    stored = _load(path)
+    if stored is not None:
+        fits, constants = stored
+        return Predictor(records, fits, constants, catalog)
+    predictor = Predictor.fit(records, catalog)
+    payload = {"fits": predictor.fits.to_json(),
+               "constants": {model: asdict(c) for model, c in predictor.constants.items()}}
+    _store(path, {"payload": payload, "digest": _digest(payload)})
+    return predictor
+
+
+def _digest(payload: dict) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _load(path: Path) -> tuple[FitSet, dict[str, PriorConstants]] | None:
     try:
         data = json.loads(path.read_text())
-        return FitSet(fits=tuple(SettingFit.from_json(f) for f in data["fits"]), provenance=data["provenance"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    fits = _fit(records)
-    _store(path, fits.to_json())
-    return fits
-
-
-def _fit(records: list[dict]) -> FitSet:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # groups too small to fit still inform the prior
-        return fit_records(records)
+        payload = data["payload"]
+        if data["digest"] != _digest(payload):
+            return None
+        fits = FitSet(fits=tuple(SettingFit.from_json(f) for f in payload["fits"]["fits"]),
+                      provenance=payload["fits"]["provenance"])
+        return fits, {model: PriorConstants(**values) for model, values in payload["constants"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return None
 
 
 def _store(path: Path, data: dict) -> None:

@@ -108,25 +108,17 @@ class Evidence:
     catalog: dict[str, GpuSpec]
 
     @cached_property
-    def fits(self):
-        from ftplan.planner.fit_cache import (
-            cached_fits,  # imported late: `ftplan gpus` and `--help` need no fitting code
-        )
-        return cached_fits(self.records)
-
-    @cached_property
     def predictor(self):
-        """The predictor with each GPU's catalog links (commands that take no link options)."""
-        return self.predictor_with(None)
+        """The fitted predictor (from the content-keyed cache), with each GPU's catalog links."""
+        from ftplan.planner.fit_cache import cached_predictor  # imported late: `ftplan gpus` and `--help` fit nothing
+        return cached_predictor(self.records, self.catalog)
 
-    @cached_property
-    def prior_constants(self):
-        from ftplan.planner.fit_cache import cached_prior_constants
-        return cached_prior_constants(self.records, self.fits, self.catalog)
+    @property
+    def fits(self):
+        return self.predictor.fits
 
     def predictor_with(self, links: Links | None):
-        from ftplan.models.predictor import Predictor
-        return Predictor(self.records, self.fits, self.catalog, links, self.prior_constants)
+        return self.predictor.with_links(links)
 
     def describe(self) -> str:
         """Which inputs were read, for the output: a plan must say what it rests on."""
