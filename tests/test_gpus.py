@@ -20,5 +20,5 @@ def test_user_specs_override_and_extend_the_catalog(tmp_path, capsys, monkeypatc
     code, out, err = run_ftplan(["gpus", "--gpu-specs", specs], capsys, monkeypatch)
     assert code == 0, err
     h200 = next(line for line in out.splitlines() if "H200" in line)
-    assert "120" in h200 and "my partitioned card" in h200
+    assert "120" in h200 and "H200: my partitioned card" in out
     assert "MY-CARD" in out and "RTX-3090" in out

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import difflib
 import functools
+import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,8 +49,43 @@ def _normalise(name: str) -> str:
     return name.lower().replace("_", "-").replace(" ", "-")
 
 
+CPU = "cpu"  # the device name CPU calibration records carry (ftplan.calibration.measure.gpu_identity)
+# A CPU has no datasheet figure ftplan could cite: nominal AVX2 FMA throughput per core and a dual-channel
+# memory bus. They only scale the prior's time for settings never calibrated on this CPU; a CPU
+# calibration's own times are used as measured.
+CPU_TFLOPS_PER_CORE = 0.05
+CPU_MEMORY_BANDWIDTH_GBS = 40.0
+CPU_LINK_GBS = 10.0  # ranks on one host talk through shared memory (gloo)
+
+
+def host_memory_bytes() -> int | None:
+    """Physical memory of this machine (os.sysconf, else psutil), None when neither can tell."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        pass
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return int(psutil.virtual_memory().total)
+
+
+def host_cpu_spec() -> GpuSpec | None:
+    """This machine's CPU as a device the planner understands: its memory is the host's RAM, the memory
+    `ftplan calibrate --device cpu` measures against (peak resident set)."""
+    total = host_memory_bytes()
+    if not total:
+        return None
+    return GpuSpec(name=CPU, memory_gib=total / GIB, bf16_dense_tflops=CPU_TFLOPS_PER_CORE * (os.cpu_count() or 1),
+                   memory_bandwidth_gbs=CPU_MEMORY_BANDWIDTH_GBS, intra_node_gbs=CPU_LINK_GBS, interconnect="",
+                   source=f"this host: RAM from the OS; {CPU_TFLOPS_PER_CORE * 1000:g} GFLOP/s per core and "
+                          f"{CPU_MEMORY_BANDWIDTH_GBS:g} GB/s are nominal (calibrate with --device cpu)")
+
+
 def load_catalog(extra_specs: Path | None = None) -> dict[str, GpuSpec]:
-    """GPU specs by canonical name; rows of extra_specs (same CSV columns) replace or add cards."""
+    """GPU specs by canonical name, and this host's CPU as 'cpu'; rows of extra_specs (same CSV columns)
+    replace or add cards."""
     frames = [_read_specs(data_dir() / "gpus.csv")]
     if extra_specs is not None:
         frames.append(_read_specs(Path(extra_specs)))
@@ -57,6 +94,9 @@ def load_catalog(extra_specs: Path | None = None) -> dict[str, GpuSpec]:
         for row in frame.to_dict("records"):
             spec = GpuSpec(**{k: row[k] for k in GpuSpec.__dataclass_fields__ if k in row and pd.notna(row[k])})
             catalog[spec.name] = spec
+    cpu = host_cpu_spec()
+    if cpu is not None and CPU not in catalog:  # a user's own 'cpu' row wins
+        catalog[CPU] = cpu
     return catalog
 
 
@@ -82,6 +122,12 @@ def _shipped_aliases(path: Path) -> tuple[tuple[str, str], ...]:
                  for alias in str(row.get("aliases", "") or "").split(";") if alias)
 
 
+def aliases_of(name: str) -> list[str]:
+    """The other names the catalog accepts for a shipped card (e.g. 3090 for RTX-3090)."""
+    return [alias for alias, canonical in _shipped_aliases(data_dir() / "gpus.csv")
+            if canonical == name and alias != _normalise(name)]
+
+
 def find_gpu(name: str, catalog: dict[str, GpuSpec] | None = None) -> GpuSpec:
     """Look a GPU up by name or alias, case-insensitively; suggest close names when unknown."""
     catalog = catalog if catalog is not None else load_catalog()
@@ -91,7 +137,13 @@ def find_gpu(name: str, catalog: dict[str, GpuSpec] | None = None) -> GpuSpec:
         if canonical in catalog:
             aliases.setdefault(alias, catalog[canonical])
     if wanted in aliases:
-        return aliases[wanted]
+        found = aliases[wanted]
+        others = sorted({spec.name for alias, spec in aliases.items() if spec != found and alias.startswith(wanted)})
+        if others and wanted != _normalise(found.name):  # 'A100' is the 40 GB card, and says nothing about it
+            warnings.warn(f"GPU '{name}' is taken as {found.name} ({found.memory_gib:g} GB); "
+                          f"name {' or '.join(others)} to plan for {'that card' if len(others) == 1 else 'those'}",
+                          UserWarning, stacklevel=2)
+        return found
     close = difflib.get_close_matches(wanted, list(aliases), n=3, cutoff=0.5)
     names = dict.fromkeys(aliases[c].name for c in close)
     hint = f"; did you mean {', '.join(names)}?" if names else ""

@@ -112,8 +112,74 @@ def _training_note(plan: Plan, rec: SetupPlan) -> str:
     return note
 
 
-def reasons(plan: Plan) -> list[str]:
-    """Why the recommendation wins: its headline, one comparison per switch, and what LoRA trades."""
+def family(setup: SetupPlan) -> tuple:
+    """What a user chooses between (full or LoRA, offload, Liger, checkpointing, precision); the ZeRO stage
+    without offload and the LoRA rank only tune a family, so the compact table shows each family's best."""
+    s = setup.setting
+    return setup.training, s.offload_optimizer, s.liger, s.gradient_checkpointing, s.precision
+
+
+def first_of_each_family(setups: list[SetupPlan]) -> list[SetupPlan]:
+    """The first setup of each family, in the order given."""
+    first: dict[tuple, SetupPlan] = {}
+    for setup in setups:
+        first.setdefault(family(setup), setup)
+    return [s for s in setups if any(s is f for f in first.values())]
+
+
+def family_best(plan: Plan) -> list[SetupPlan]:
+    """The best-ranked setup of each family, the recommendation in place of its family's first, in rank order."""
+    rec = plan.recommended
+    ranked = plan.ranked if rec is None else [s for s in plan.ranked if s is rec or family(s) != family(rec)]
+    return first_of_each_family(ranked)
+
+
+@dataclass(frozen=True)
+class TrainingOption:
+    """The best setup of one kind of training, and what choosing it trades against the other kind."""
+
+    kind: str
+    setup: SetupPlan
+    trainable_params: int
+    trade: str
+
+
+def training_options(plan: Plan) -> list[TrainingOption]:
+    """Best full fine-tuning and best LoRA setup (those that fit), full first, each with its trade-off.
+
+    Full fine-tuning and LoRA are different trainings, not faster and slower ways to one result: when the
+    user names neither, both are shown and the choice is theirs.
+    """
+    arch = load_architecture(plan.request.base.model)
+    best = {kind: next((s for s in plan.ranked if s.training == kind), None) for kind in ("full", "lora")}
+    full, lora = best["full"], best["lora"]
+    options = []
+    if full is not None:
+        trade = (f"all {arch.params_total:,} parameters learn: the most room for a large shift in domain or task; "
+                 f"gradients and optimizer states for every weight ({_vs(full, lora, 'LoRA')})")
+        options.append(TrainingOption("full", full, arch.params_total, trade))
+    if lora is not None:
+        trainable = arch.lora_params(lora.setting.lora_rank, lora.setting.lora_targets)
+        trade = (f"{trainable:,} adapter parameters ({trainable / arch.params_total:.2%}) learn on a frozen base: "
+                 f"less memory and traffic, small checkpoints, but low-rank updates can fall short of full "
+                 f"fine-tuning on a large domain shift ({_vs(lora, full, 'full fine-tuning')})")
+        options.append(TrainingOption("lora", lora, trainable, trade))
+    return options
+
+
+def _vs(setup: SetupPlan, other: SetupPlan | None, other_name: str) -> str:
+    """Time against the other kind's best, in the words of the trade-off sentence."""
+    if other is None:
+        return f"{other_name} does not fit"
+    ratio = setup.eta.total_seconds / other.eta.total_seconds
+    if abs(ratio - 1) <= NEAR_TIE:
+        return f"about {other_name}'s time"
+    return f"{ratio:.1f}× {other_name}'s time" if ratio > 1 else f"{1 / ratio:.1f}× faster than {other_name}"
+
+
+def reasons(plan: Plan, training_note: bool = True) -> list[str]:
+    """Why the recommendation wins: its headline, one comparison per switch, and (unless training_note is
+    False, when both kinds are shown side by side) what LoRA trades."""
     rec = plan.recommended
     if rec is None:
         return []
@@ -130,7 +196,8 @@ def reasons(plan: Plan) -> list[str]:
                      f"({fastest.best.source}), within the time model's {NEAR_TIE:.0%} uncertainty of this "
                      f"({rec.best.source}): the better-measured setup is recommended.")
     lines += [line for switch in SWITCHES if (line := _compare(plan, rec, switch))]
-    lines.append(_training_note(plan, rec))
+    if training_note:
+        lines.append(_training_note(plan, rec))
     return lines
 
 
@@ -187,7 +254,7 @@ def failed_like(setting: Setting, failed: dict[Setting, str]) -> str | None:
 def source_label(setup: SetupPlan, failed: dict[Setting, str]) -> str:
     """How a row's numbers were obtained, in words a user cannot misread as a measurement."""
     if failed_like(setup.setting, failed):
-        return "unmeasured: trial failed"
+        return "prior: trial failed"
     prediction = setup.best or setup.at_batch_one
     return "prior, unmeasured" if prediction.source == SOURCE_PRIOR else prediction.evidence
 

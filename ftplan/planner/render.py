@@ -3,21 +3,73 @@
 from __future__ import annotations
 
 import math
+import os
+import re
 
+from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Column, Table
 
-from ftplan.core.hardware import GpuSpec
+from ftplan.core.hardware import GpuSpec, aliases_of
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
+from ftplan.models.communication import describe_layout
 from ftplan.models.prediction import Estimate, Prediction
 from ftplan.models.safe_batch import MemoryBudget
 from ftplan.planner import advice
 from ftplan.planner.eta import Eta, format_duration
-from ftplan.planner.gpu_counts import KINDS, ScalingPlan
+from ftplan.planner.gpu_counts import KINDS, UNCHECKED, ScalingPlan
 from ftplan.planner.search import Plan, SetupPlan
 
 SOURCE_STYLE = {"measured": "green", "interpolated": "green", "extrapolated": "yellow"}  # anything else: red
+# Piped output has no terminal to measure and rich would assume 80 columns; files and pagers take wider lines.
+PIPED_WIDTH = 120
+KIND_NAMES = {"full": "full fine-tuning", "lora": "LoRA"}
+# A rule under the header, no other lines, one space of padding between columns: tables that fit 100 columns.
+GPU_WORD = re.compile(r"\d+(x\d+)?gpu")  # the GPU count in a setup's label
+COMPACT = {"box": box.SIMPLE_HEAD, "pad_edge": False, "collapse_padding": True, "show_edge": False}
+
+
+def make_console() -> Console:
+    """A console as wide as the terminal (rich measures it, $COLUMNS overrides); piped, PIPED_WIDTH columns."""
+    console = Console()
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console = Console(width=PIPED_WIDTH)
+    return console
+
+
+def print_table(console: Console, table: Table) -> None:
+    """Print a table within the console's width, wrapping only its text columns and never below their longest
+    word; when even that is too wide, print it wider. rich alone would cut cells ("6,738,415,6…"), and a cut
+    number is a wrong number."""
+    unbounded = console.options.update_width(10**4)
+    spans = []  # (narrowest, widest) content width of each column
+    for column in table.columns:
+        sizes = [Measurement.get(console, unbounded, cell) for cell in [column.header, *column.cells]]
+        widest = max(size.maximum for size in sizes)
+        spans.append((widest if column.no_wrap else max(size.minimum for size in sizes), widest))
+    natural = Measurement.get(console, unbounded, table).maximum
+    widths = [widest for _, widest in spans]
+    excess = natural - console.width
+    while excess > 0:  # narrow the widest text column, a character at a time
+        shrinkable = [k for k, width in enumerate(widths) if width > spans[k][0]]
+        if not shrinkable:
+            break
+        widths[max(shrinkable, key=lambda k: widths[k])] -= 1
+        excess -= 1
+    for column, width in zip(table.columns, widths):
+        column.width = width
+    need = natural - sum(widest for _, widest in spans) + sum(widths)
+    if need <= console.width:
+        console.print(table)
+        return
+    width = console.width
+    console.width = need
+    try:
+        console.print(table)
+    finally:
+        console.width = width
 
 
 def _gib(estimate: Estimate) -> dict:
@@ -88,39 +140,99 @@ def _source_cell(label: str) -> str:
 
 def _host_cell(setup: SetupPlan) -> str:
     """Host RAM per node an offload row needs (a lower bound: the process itself comes on top)."""
-    return f"≥{setup.host_bytes / GIB:,.1f}" if setup.host_bytes else "-"
+    if not setup.host_bytes:
+        return "-"
+    return f"≥{setup.host_bytes / GIB:,.1f}" if setup.host_bytes >= 0.05 * GIB else "<0.1"
 
 
-def plan_table(plan: Plan, failed: dict[Setting, str], limit: int | None = None) -> Table:
-    """The ranked setups (the first `limit`, the recommendation always among them)."""
-    usable = plan.request.budget.usable_bytes / GIB
-    title = (f"{plan.request.base.model}, {_samples(plan.request)}, "
-             f"seq {plan.request.base.seq_len}, {plan.request.base.world_size} × {plan.request.gpu.name}")
-    host = plan.request.host_memory_gib
-    table = Table("#", "setup", "batch/GPU", f"reserved GiB (upper) / {usable:.1f}",
-                  "host GiB/node" + (f" / {host:g}" if host is not None else ""), "s/step", "steps",
-                  "ETA h:mm", "cost", "source", title=title)
+def _short_label(label: str, seq_len: int) -> str:
+    """A setup's label without what the table already says elsewhere (sequence length, GPU count)."""
+    return " ".join(word for word in label.split() if word != f"s{seq_len}" and not GPU_WORD.fullmatch(word))
+
+
+def _plan_rows(plan: Plan, show_all: bool) -> list[list[SetupPlan]]:
+    """The rows to show, in sections: every ranked setup with show_all, else the best of each family by
+    kind of training, the recommendation's kind first (only that kind when the user chose one)."""
     rec = plan.recommended
-    for rank, setup in enumerate(plan.ranked, start=1):
-        if limit is not None and rank > limit and setup is not rec:
-            continue
-        best, eta = setup.best, setup.eta
-        table.add_row(f"→{rank}" if setup is rec else str(rank), setup.label, str(setup.batch),
-                      f"{best.peak_reserved.mean / GIB:.1f} ({best.peak_reserved.upper / GIB:.1f})",
-                      _host_cell(setup), f"{eta.seconds_per_step:.2f}", f"{eta.steps:,}", format_duration(eta.total_seconds),
-                      _cost(eta), _source_cell(advice.source_label(setup, failed)),
-                      style="bold" if setup is rec else None)
+    if show_all:
+        return [plan.ranked]
+    rows = advice.family_best(plan)
+    kinds = ["full", "lora"] if plan.request.training == "any" else [plan.request.training]
+    if rec is not None and rec.training in kinds:
+        kinds.sort(key=lambda kind: kind != rec.training)
+    return [section for kind in kinds if (section := [s for s in rows if s.training == kind])]
+
+
+def plan_table(plan: Plan, failed: dict[Setting, str], show_all: bool = False) -> Table:
+    """The ranked setups: with show_all every one, else the best of each family (see _plan_rows).
+
+    Columns are few and short so the table fits a 100-column terminal; `#` is the rank among all setups.
+    """
+    request = plan.request
+    usable = request.budget.usable_bytes / GIB
+    priced = request.price_per_gpu_hour is not None
+    offload = any(s.host_bytes for s in plan.ranked)
+    sections = _plan_rows(plan, show_all)
+    shown = sum(map(len, sections))
+    which = ("every setup that fits" if show_all else
+             f"best of each family, {shown} of {len(plan.ranked)} setups that fit (--all lists every one)")
+    table = Table(title=f"{request.base.model}, {_samples(request)}, seq {request.base.seq_len}, "
+                        f"{request.base.world_size} × {request.gpu.name} ({usable:.1f} GiB usable per GPU): {which}",
+                  **COMPACT)
+    table.add_column("#", no_wrap=True)
+    table.add_column("setup", overflow="fold")  # squeezed, a word breaks across lines rather than lose letters
+    table.add_column("batch", justify="right", no_wrap=True)
+    table.add_column("GiB/GPU\n(upper)", justify="right", no_wrap=True)
+    table.add_column("s/step", justify="right", no_wrap=True)
+    table.add_column("ETA\nh:mm", justify="right", no_wrap=True)
+    if priced:
+        table.add_column("cost", justify="right", no_wrap=True)
+    if offload:
+        host = request.host_memory_gib
+        table.add_column("host GiB" + (f"\nof {host:g}" if host is not None else ""), justify="right", no_wrap=True)
+    table.add_column("evidence", overflow="fold")
+    rec = plan.recommended
+    rank = {id(s): i for i, s in enumerate(plan.ranked, start=1)}
+    for section in sections:
+        for setup in section:
+            best, eta = setup.best, setup.eta
+            cells = [f"→{rank[id(setup)]}" if setup is rec else str(rank[id(setup)]),
+                     _short_label(setup.label, request.base.seq_len),
+                     str(setup.batch), f"{best.peak_reserved.mean / GIB:.1f} ({best.peak_reserved.upper / GIB:.1f})",
+                     f"{eta.seconds_per_step:.2f}", format_duration(eta.total_seconds)]
+            cells += [_cost(eta)] if priced else []
+            cells += [_host_cell(setup)] if offload else []
+            cells.append(_source_cell(advice.source_label(setup, failed)))
+            table.add_row(*cells, style="bold" if setup is rec else None)
+        table.add_section()
     return table
 
 
-def print_plan(plan: Plan, console: Console, failed: dict[Setting, str], limit: int | None = None) -> None:
+def training_table(plan: Plan, failed: dict[Setting, str]) -> Table:
+    """Best full fine-tuning and best LoRA side by side: what each costs here and what it trades."""
+    options = advice.training_options(plan)
+    table = Table("", *(KIND_NAMES[o.kind] for o in options), **COMPACT)
+    rows = {"setup": lambda o: o.setup.label,
+            "batch per GPU": lambda o: str(o.setup.batch),
+            "ETA h:mm": lambda o: format_duration(o.setup.eta.total_seconds),
+            "GiB/GPU (upper)": lambda o: f"{o.setup.best.peak_reserved.mean / GIB:.1f} "
+                                         f"({o.setup.best.peak_reserved.upper / GIB:.1f})",
+            "evidence": lambda o: _source_cell(advice.source_label(o.setup, failed)),
+            "trades": lambda o: o.trade}
+    if plan.request.price_per_gpu_hour is not None:
+        rows["cost"] = lambda o: _cost(o.setup.eta)
+    for name, cell in rows.items():
+        table.add_row(name, *(cell(o) for o in options))
+    return table
+
+
+def print_plan(plan: Plan, console: Console, failed: dict[Setting, str], show_all: bool = False) -> None:
     budget = plan.request.budget
-    console.print(plan_table(plan, failed, limit))
-    if limit is not None and len(plan.ranked) > limit:
-        console.print(f"({len(plan.ranked) - limit} more setups at this count: --gpus {plan.request.base.world_size} "
-                      "or --json lists them all)")
+    print_table(console, plan_table(plan, failed, show_all))
     console.print(f"Memory: {budget.describe()}; a batch is safe when the upper bound of predicted peak "
-                  "reserved memory stays within it and below any batch seen at the allocator wall or OOM.")
+                  "reserved memory stays within it and below any batch seen at the allocator wall or OOM. "
+                  "Evidence: measured (that batch ran), interpolated, extrapolated ×k (k times the largest "
+                  "calibrated batch, or from another length, card or GPU count) or the prior alone.")
     if plan.request.price_per_gpu_hour is not None:
         console.print(f"Cost = hours × {plan.request.price_per_gpu_hour:g} per GPU-hour × "
                       f"{plan.request.base.world_size} GPU(s).")
@@ -131,26 +243,56 @@ def print_plan(plan: Plan, console: Console, failed: dict[Setting, str], limit: 
     host_unfit = [s for s in plan.unfit if s.host_short]
     if gpu_unfit:
         console.print("Cannot fit even at batch 1: " + "; ".join(
-            f"{s.label} (needs {s.at_batch_one.peak_reserved.upper / GIB:.1f} GiB)" for s in gpu_unfit))
+            [f"{s.label} (needs {_gib_needed([s])})" for s in gpu_unfit] if show_all else _unfit_groups(gpu_unfit)))
     if host_unfit:
         console.print(f"Not enough host RAM (you have {plan.request.host_memory_gib:g} GiB per node): " + "; ".join(
             f"{s.label} (needs {s.host_bytes / GIB:,.1f} GiB of host RAM per node for offloaded optimizer states)"
             for s in host_unfit))
     if any(s.host_bytes for s in plan.ranked):
-        console.print("host GiB/node: host RAM each node pins for CPU optimizer offload (optimizer states, master "
+        console.print("host GiB: host RAM each node pins for CPU optimizer offload (optimizer states, master "
                       "weights, gradients; models/host_memory.py), a lower bound: the process itself comes on top.")
     for note in advice.unmeasured_notes(plan, failed):
         console.print(f"[red]unmeasured:[/] {note}")
     rec = plan.recommended
+    both = plan.request.training == "any" and len(advice.training_options(plan)) == 2
+    if both:
+        console.print("\n[bold]Full fine-tuning or LoRA?[/] They train differently, so the choice is yours "
+                      "(--full or --lora plans, recommends and emits only that kind). The best of each:")
+        print_table(console, training_table(plan, failed))
     if rec is not None:
+        which = " (the fastest of both kinds)" if both else ""
         console.print(f"\n[bold]Recommendation: {rec.label}, batch {rec.batch} per GPU, "
-                      f"ETA {format_duration(rec.eta.total_seconds)}[/]")
-        for reason in advice.reasons(plan):
-            console.print(f"  • {reason}")
+                      f"ETA {format_duration(rec.eta.total_seconds)}[/]{which}")
+        console.print(_bullets(advice.reasons(plan, training_note=not both)))
     for warning in advice.warnings_for(plan):
         console.print(f"[yellow]warning:[/] {warning}")
     for note in advice.notes_for(plan):
         console.print(f"note: {note}")
+
+
+def _bullets(lines: list[str]) -> Table:
+    """A bulleted list whose wrapped lines keep their indent."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    for line in lines:
+        grid.add_row("  •", line)
+    return grid
+
+
+def _gib_needed(setups: list[SetupPlan]) -> str:
+    needs = [s.at_batch_one.peak_reserved.upper / GIB for s in setups]
+    return f"{min(needs):.1f} GiB" if f"{min(needs):.1f}" == f"{max(needs):.1f}" else f"{min(needs):.1f}-{max(needs):.1f} GiB"
+
+
+def _unfit_groups(setups: list[SetupPlan]) -> list[str]:
+    """Setups that cannot fit, one entry for a setup and its Liger/checkpointing variants."""
+    groups: dict[str, list[SetupPlan]] = {}
+    for setup in setups:
+        groups.setdefault(setup.setting.with_(liger=False, gradient_checkpointing=False).label(), []).append(setup)
+    return [f"{label} (needs {_gib_needed(group)})" if len(group) == 1 else
+            f"{label} in {len(group)} Liger/checkpointing variants (needs {_gib_needed(group)})"
+            for label, group in groups.items()]
 
 
 def host_line(host_bytes: int, host_memory_gib: float | None, enough: bool) -> str | None:
@@ -179,12 +321,22 @@ def eta_lines(prediction: Prediction, eta: Eta, fits: bool, budget: MemoryBudget
 
 
 def gpu_table(catalog: dict[str, GpuSpec]) -> Table:
-    table = Table("name", "memory GiB", "PyTorch GiB", "bf16 dense TFLOP/s", "bandwidth GB/s", "GPU-GPU GB/s", "interconnect",
-                  "source")
+    """The catalog with the other names each card answers to (its sources: gpu_sources)."""
+    table = Table(title="GPUs (--gpu takes a name or an alias, in any case)", **COMPACT)
+    for name in ("name", "aliases", "memory\nGiB", "PyTorch\nGiB", "bf16\nTFLOP/s", "memory\nGB/s", "GPU-GPU\nGB/s",
+                 "interconnect"):
+        wraps = name in ("aliases", "interconnect")
+        table.add_column(name, no_wrap=not wraps, justify="left" if wraps or name == "name" else "right")
     for spec in catalog.values():
-        table.add_row(spec.name, f"{spec.memory_gib:g}", f"{spec.memory_bytes / GIB:.2f}", f"{spec.bf16_dense_tflops:g}",
-                      f"{spec.memory_bandwidth_gbs:g}", f"{spec.intra_node_gbs:g}", spec.interconnect, spec.source)
+        table.add_row(spec.name, " ".join(aliases_of(spec.name)), f"{spec.memory_gib:.4g}",
+                      f"{spec.memory_bytes / GIB:.2f}", f"{spec.bf16_dense_tflops:g}", f"{spec.memory_bandwidth_gbs:g}",
+                      f"{spec.intra_node_gbs:g}", spec.interconnect.split("(")[0].strip() or "-")
     return table
+
+
+def gpu_sources(catalog: dict[str, GpuSpec]) -> list[str]:
+    """Where each card's figures come from, one line a card (too long for a table column)."""
+    return [f"{spec.name}: {spec.source or 'no source given'}" for spec in catalog.values()]
 
 
 def _number(value: float, fmt: str) -> str:
@@ -196,28 +348,35 @@ def scaling_table(scaling: ScalingPlan, failed: dict[Setting, str]) -> Table:
     (GPU-hours when no price was given)."""
     request = scaling.request
     priced = request.price_per_gpu_hour is not None
-    columns = ["kind", "GPUs", "best setup at that count", "batch", "GiB/GPU (upper)", "s/step", "samples/s",
-               "speed-up", "effic.", "ETA h:mm", "cost" if priced else "GPU-h", "source"]
-    table = Table(*(Column(name, no_wrap=True) for name in columns),
-                  title=f"{request.base.model} on {request.gpu.name}, {_samples(request)}, seq {request.base.seq_len}: "
-                        f"best setup per GPU count ({request.budget.usable_bytes / GIB:.1f} GiB usable per GPU)")
+    table = Table(title=f"{request.base.model} on {request.gpu.name}, {_samples(request)}, seq {request.base.seq_len}: "
+                        f"best setup per GPU count ({request.budget.usable_bytes / GIB:.1f} GiB usable per GPU)",
+                  **COMPACT)
+    for name in ("GPUs", "best setup", "batch", "GiB/GPU\n(upper)", "s/step", "samples\n/s",
+                 "speed-\nup", "effic.", "ETA\nh:mm", "cost" if priced else "GPU-h", "evidence"):
+        wraps = name in ("best setup", "evidence")
+        table.add_column(name, no_wrap=not wraps, justify="left" if wraps else "right", overflow="fold")
     chosen = scaling.chosen
     for kind, rows in scaling.tables.items():
         for row in rows.to_dict("records"):
             bold = chosen is not None and kind == scaling.chosen_kind and row["gpus"] == chosen.gpus
             source = "prior, unmeasured" if row["source"] == "prior" else row["source"]
             if advice.failed_like(Setting.from_dict(row["setting"]), failed):
-                source = "unmeasured: trial failed"
+                source = "prior: trial failed"
             spend = row["cost"] if priced else row["hours"] * row["gpus"]
-            table.add_row(("→ " if bold else "") + ("full" if kind == "full" else "LoRA"), str(row["gpus"]),
-                          row["setup"], str(row["micro_batch"]),
-                          f"{row['reserved_gib']:.1f} ({row['reserved_upper_gib']:.1f})",
+            table.add_row(("→" if bold else "") + _gpus_cell(row), _short_label(row["setup"], request.base.seq_len),
+                          str(row["micro_batch"]), f"{row['reserved_gib']:.1f} ({row['reserved_upper_gib']:.1f})",
                           f"{row['seconds_per_step']:.2f}", f"{row['samples_per_second']:.1f}",
                           _number(row["speedup"], ".1f") + ("" if math.isnan(row["speedup"]) else "x"),
-                          _number(row["efficiency"], ".0%"), format_duration(row["hours"] * 3600),
+                          _number(row["efficiency"], ".0%") + ("*" if row.get("above_ideal") else ""),
+                          format_duration(row["hours"] * 3600),
                           f"{spend:,.2f}", _source_cell(source), style="bold" if bold else None)
         table.add_section()
     return table
+
+
+def _gpus_cell(row: dict) -> str:
+    """'16 (2×8)': GPUs in all, and over how many nodes of how many when more than one."""
+    return str(row["gpus"]) + (f" ({row['nodes']}×{row['gpus_per_node']})" if row["nodes"] > 1 else "")
 
 
 def scaling_to_dict(scaling: ScalingPlan) -> dict:
@@ -235,9 +394,15 @@ def scaling_to_dict(scaling: ScalingPlan) -> dict:
 
 
 def print_scaling(scaling: ScalingPlan, console: Console, failed: dict[Setting, str]) -> None:
-    console.print(scaling_table(scaling, failed))
-    console.print("Speed-up and efficiency: samples/s against the best setup of the same training on one GPU "
-                  "(above 1 when more GPUs let a larger batch or a setup without offload fit).")
+    print_table(console, scaling_table(scaling, failed))
+    console.print("GPUs: in all, (nodes × GPUs per node) when several nodes. Speed-up and efficiency: samples/s "
+                  "against the best setup of the same training on one GPU.")
+    for kind, rows in scaling.tables.items():
+        for row in rows.to_dict("records"):
+            if row.get("above_ideal"):
+                console.print(f"* {KINDS[kind]} at {row['gpus']} GPUs, efficiency {row['efficiency']:.0%}: "
+                              f"{row['above_ideal']}.")
+    console.print(f"[yellow]unchecked:[/] {UNCHECKED}")
     for count in scaling.counts:
         if count.error:
             console.print(f"{count.gpus} GPUs: {count.error}")
@@ -245,6 +410,6 @@ def print_scaling(scaling: ScalingPlan, console: Console, failed: dict[Setting, 
     if chosen is None:
         console.print(f"[yellow]warning:[/] {scaling.reason}")
         return
-    where = f"{chosen.gpus_per_node} GPUs × {chosen.nodes} nodes" if chosen.nodes > 1 else f"{chosen.gpus} GPU(s), one node"
+    where = describe_layout(chosen.gpus_per_node, chosen.nodes).split(": ", 1)[1]
     console.print(f"\n[bold]GPU count: {chosen.gpus} ({where}), {KINDS[scaling.chosen_kind]}[/], because {scaling.reason}. "
                   f"Setups at {chosen.gpus} GPUs:")

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from ftplan.core.errors import FtplanError
-from ftplan.core.paths import calibrations_dir
 from ftplan.core.records import read_records
+from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.fitset import FitSet, fit_records
+from ftplan.planner.inputs import default_calibrations
+from ftplan.planner.render import COMPACT, make_console, print_table
 
 
 @click.command("fit")
@@ -21,30 +23,55 @@ from ftplan.models.fitset import FitSet, fit_records
               help="Where to write the fits (JSON, with the records they came from).")
 def command(records: tuple[Path, ...], out: Path) -> None:
     """Fit memory and time against batch size from calibration RECORDS (JSONL files or folders;
-    default: the calibrations shipped in data/)."""
-    fits = fit_records(read_records(records or [calibrations_dir()]))
+    default: the calibrations shipped in data/ plus ./calibrations/ when it exists, as plan and predict read)."""
+    records_read = read_records(records or default_calibrations())
+    fits = fit_naming_models(records_read)
     if not fits.fits:
         raise FtplanError("no setting has two or more healthy batch sizes to fit")
     try:
         fits.save(out)
     except OSError as exc:
         raise FtplanError(f"cannot write fits file {out}: {exc.strerror}") from None
-    Console().print(fit_table(fits))
+    print_table(make_console(), fit_table(fits))
     click.echo(f"wrote {len(fits.fits)} fit(s) to {out}")
+
+
+def fit_naming_models(records: list[dict]) -> FitSet:
+    """fit_records, with each warning about a setting that cannot be fitted led by its model's name:
+    the fitting code names the setting and card ("ddp full gc s2048 on NVIDIA H200"), which several
+    models share."""
+    models: dict[str, set[str]] = {}
+    for record in records:
+        label = f"{Setting.from_dict(record).label()} on {record.get('gpu_name')}"
+        models.setdefault(label, set()).add(str(record.get("model")))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fits = fit_records(records)
+    for warning in caught:
+        message = str(warning.message)
+        owners = next((names for label, names in models.items() if message.startswith(f"{label}:")), set())
+        prefix = f"{', '.join(sorted(owners))} " if owners else ""
+        warnings.warn_explicit(prefix + message, warning.category, warning.filename, warning.lineno)
+    return fits
 
 
 def fit_table(fits: FitSet) -> Table:
     """One row per (setting, GPU, sequence length)."""
-    table = Table(title="Fits: peak allocated memory and seconds per step against micro-batch")
-    for column in ("setting", "GPU", "seq", "n", "batches", "R² mem", "R² time", "GiB/sample",
-                   "s/step per sample", "wall", "largest ok", "first OOM"):
-        table.add_column(column, justify="left" if column in ("setting", "GPU") else "right")
+    table = Table(title="Fits: peak allocated memory and seconds per step against micro-batch", **COMPACT)
+    for column in ("model", "setting", "GPU", "seq", "batches", "R² mem/\ntime", "GiB/\nsample", "s/\nsample",
+                   "wall", "largest\nok", "first\nOOM"):
+        wraps = column in ("setting", "GPU")
+        table.add_column(column, justify="left" if column in ("model", "setting", "GPU") else "right",
+                         no_wrap=not wraps, overflow="fold")
     for fit in fits.fits:
         for seq in fit.seq_lens:
             batches = fit.calibrated_batches(seq)
+            setting = " ".join(w for w in [*fit.setting_at(seq).label().split(), fit.setting["alloc_conf"]]
+                               if w and w != f"s{seq}")
             table.add_row(
-                fit.label.rsplit(" on ", 1)[0], fit.gpu_name, str(seq), str(len(batches)),
-                f"{batches[0]}-{batches[-1]}", _number(fit.r2["memory"], ".4f"), _number(fit.r2["time"], ".4f"),
+                fit.setting["model"], setting, fit.gpu_name.removeprefix("NVIDIA "), str(seq),
+                f"{batches[0]}-{batches[-1]}" if len(batches) > 1 else str(batches[0]),
+                f"{_number(fit.r2['memory'], '.3f')}/{_number(fit.r2['time'], '.3f')}",
                 _per_sample(fit, seq, lambda b: fit.peak_allocated(b, seq).mean / GIB, ".3f"),
                 _per_sample(fit, seq, lambda b: fit.seconds_per_step(b, seq).mean, ".4f"),
                 ",".join(map(str, fit.wall_batches(seq))) or "-",
@@ -60,3 +87,4 @@ def _per_sample(fit, seq: int, predict, spec: str) -> str:
 
 def _number(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
+

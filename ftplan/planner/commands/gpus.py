@@ -3,10 +3,9 @@
 from pathlib import Path
 
 import click
-from rich.console import Console
 
 from ftplan.core.hardware import load_catalog
-from ftplan.planner.render import gpu_table
+from ftplan.planner.render import gpu_sources, gpu_table, make_console, print_table
 
 
 @click.command("gpus")
@@ -14,5 +13,10 @@ from ftplan.planner.render import gpu_table
               help="CSV with the catalog's columns (name, memory_gib, bf16_dense_tflops, memory_bandwidth_gbs, ...); "
                    "its rows replace or add cards.")
 def command(gpu_specs: Path | None) -> None:
-    """List known GPUs: memory, bf16 throughput, memory bandwidth, interconnect and where each figure comes from."""
-    Console(width=200).print(gpu_table(load_catalog(gpu_specs)))
+    """List known GPUs, the names they answer to, memory, bf16 throughput, memory bandwidth, interconnect and where
+    each figure comes from; `cpu` is this machine's CPU, for plans from a CPU calibration."""
+    catalog, console = load_catalog(gpu_specs), make_console()
+    print_table(console, gpu_table(catalog))
+    console.print("Sources:", highlight=False)
+    for line in gpu_sources(catalog):
+        console.print(f"  {line}", highlight=False)

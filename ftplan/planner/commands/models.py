@@ -1,18 +1,20 @@
 """`ftplan models`: the architectures ftplan knows, with exact parameter counts."""
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from ftplan.core.architecture import available_architectures, load_architecture
+from ftplan.planner.render import COMPACT, make_console, print_table
 
 
 @click.command("models")
 def command() -> None:
-    """List shipped model architectures (pass --model a/config.json to use any other)."""
-    table = Table("model", "type", "layers", "hidden", "vocab", "parameters", "LoRA r=16 (all linear)")
+    """List shipped model architectures (--model also takes a config.json or a local Hugging Face model folder)."""
+    table = Table(title="Shipped architectures (--model NAME)", **COMPACT)
+    for name in ("model", "type", "layers", "hidden", "vocab", "parameters", "LoRA r=16\n(all linear)"):
+        table.add_column(name, no_wrap=True, justify="left" if name in ("model", "type") else "right")
     for name in available_architectures():
         arch = load_architecture(name)
-        table.add_row(name, arch.model_type, str(arch.layers), str(arch.hidden), str(arch.vocab),
+        table.add_row(name, arch.model_type, str(arch.layers), str(arch.hidden), f"{arch.vocab:,}",
                       f"{arch.params_total:,}", f"{arch.lora_params(16):,}")
-    Console().print(table)
+    print_table(make_console(), table)
