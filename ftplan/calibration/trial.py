@@ -89,8 +89,25 @@ class RandomTokens:
         return {"input_ids": ids, "attention_mask": ids.new_ones(ids.shape), "labels": ids}
 
 
-def step_timer(device: str, warmup_steps: int):
-    """A TrainerCallback that times each optimizer step after warm-up (synchronising only at its edges)."""
+# Warm-up lasts until step time settles: the first steps pay for lazy initialisation, allocator growth
+# and (on a CPU) cold caches and thread pools; on a 2-core CPU the fourth step still ran 2x the later ones.
+SETTLED = 0.10          # a step within 10% of the one before it
+MAX_WARMUP_STEPS = 12   # never warm up longer than this, settled or not
+
+
+def warmup_done(seconds: list[float], min_steps: int) -> bool:
+    """Whether warm-up is over after these warm-up step times: at least min_steps (0: no warm-up at all),
+    and the last step within SETTLED of the one before it, or MAX_WARMUP_STEPS reached."""
+    if min_steps == 0:
+        return True
+    if len(seconds) < max(min_steps, 2):
+        return False
+    return len(seconds) >= max(min_steps, MAX_WARMUP_STEPS) or abs(seconds[-1] - seconds[-2]) <= SETTLED * seconds[-2]
+
+
+def step_timer(device: str, warmup_steps: int, steps: int):
+    """A TrainerCallback that warms up until step time settles (warmup_done), then times `steps`
+    optimizer steps and stops training (synchronising only at step edges)."""
     from transformers import TrainerCallback
 
     def sync() -> None:
@@ -99,21 +116,39 @@ def step_timer(device: str, warmup_steps: int):
 
             torch.cuda.synchronize()
 
+    def slowest_rank(seconds: float) -> float:
+        """Every rank must end warm-up at the same step, or the ranks would wait on each other forever."""
+        import torch
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return seconds
+        value = torch.tensor([seconds], device="cuda" if device == "cuda" else "cpu")
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return float(value.item())
+
     class StepTimer(TrainerCallback):
         def __init__(self) -> None:
+            self.warmup_seconds: list[float] = []
             self.seconds: list[float] = []
+            self.measuring = warmup_done([], warmup_steps)
             self._start = 0.0
 
         def on_step_begin(self, args, state, control, **kwargs):
-            if state.global_step == warmup_steps:
+            if self.measuring and not self.seconds:
                 measure.reset_peak_memory(device)  # peak over the measured steps, after one-off set-up
             sync()
             self._start = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
             sync()
-            if state.global_step > warmup_steps:
-                self.seconds.append(time.perf_counter() - self._start)
+            elapsed = time.perf_counter() - self._start
+            if self.measuring:
+                self.seconds.append(elapsed)
+                control.should_training_stop = len(self.seconds) >= steps
+            else:
+                self.warmup_seconds.append(slowest_rank(elapsed))
+                self.measuring = warmup_done(self.warmup_seconds, warmup_steps)
 
     return StepTimer()
 
@@ -170,10 +205,11 @@ def run_trial(spec: dict) -> dict:
 
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     model, arch = build_model(setting, device)
-    timer = step_timer(device, warmup)
+    timer = step_timer(device, warmup, steps)
+    most_steps = max(warmup, MAX_WARMUP_STEPS) + steps  # the timer stops training once its steps are measured
     with tempfile.TemporaryDirectory(prefix="ftplan-trial-") as output_dir:
-        args = training_arguments(setting, micro_batch, warmup + steps, device, output_dir)
-        dataset = RandomTokens(micro_batch * world * (warmup + steps), setting.seq_len, arch.vocab)
+        args = training_arguments(setting, micro_batch, most_steps, device, output_dir)
+        dataset = RandomTokens(micro_batch * world * most_steps, setting.seq_len, arch.vocab)
         trainer = Trainer(model=model, args=args, train_dataset=dataset, callbacks=[timer])
         trainer.train()
     allocated, reserved, retries = measure.peak_memory(device)

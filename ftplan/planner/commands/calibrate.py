@@ -37,7 +37,11 @@ from ftplan.planner.commands.options import positive_int_list
 # itself: on the shipped ladders a safe, median-exact largest batch in about five trials
 # (`python benchmarks/accuracy.py`, "3 points + verify"), where a full ladder took ten or more.
 QUICK_BATCH_SIZES = (1, 2, 4)
-DEFAULT_MAX_BATCH = {"cuda": 1024, "cpu": 8}  # a CPU never runs out of memory before swapping, so stop early
+DEFAULT_MAX_BATCH = {"cuda": 1024, "cpu": 4}  # a CPU never runs out of memory before swapping, so stop early
+# A CPU calibration should take minutes: 256 tokens in fp32, the Trainer's own default off a GPU. bf16 on a
+# CPU without bf16 units ran tiny-llama 30x slower (3.7 s/step against 0.1 at 256 tokens, batch 1).
+DEFAULT_SEQ_LEN = {"cuda": 2048, "cpu": 256}
+DEFAULT_PRECISION = {"cuda": "bf16", "cpu": "fp32"}
 SWITCH = click.Choice(["on", "off", "both"])
 
 
@@ -53,36 +57,42 @@ def _switch(value: str) -> tuple[bool, ...]:
 @click.command("calibrate")
 @click.option("--model", "models", multiple=True, required=True,
               help="Architecture id (see `ftplan models`) or a path to a config.json; repeatable.")
-@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True)
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
+              help="Train on the GPU(s), or on this machine's CPU (no GPU needed; defaults chosen to finish in "
+                   "minutes, and `ftplan plan --gpu cpu` plans from it).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="JSONL file to append to (and resume from).  [default: calibrations/<machine>.jsonl]")
 @click.option("--machine", default=None,
               help="Machine id stored in every record.  [default: $FTPLAN_MACHINE_ID, else the one --out's records "
                    "carry, else the host name]")
-@click.option("--seq-len", "seq_lens", type=click.IntRange(min=1), multiple=True, default=(2048,), show_default=True,
-              help="Tokens per sample; repeatable.")
+@click.option("--seq-len", "seq_lens", type=click.IntRange(min=1), multiple=True,
+              help="Tokens per sample; repeatable.  [default: 2048 on cuda, 256 on cpu]")
 @click.option("--zero-stage", "zero_stages", type=click.IntRange(0, 3), multiple=True, default=(0,), show_default=True,
               help="DeepSpeed ZeRO stage, 0 = no DeepSpeed; repeatable.")
 @click.option("--offload", type=SWITCH, default="off", show_default=True, help="Optimizer offload to CPU (needs ZeRO).")
 @click.option("--liger", type=SWITCH, default="off", show_default=True, help="Liger Kernel.")
-@click.option("--gradient-checkpointing", type=SWITCH, default="off", show_default=True)
+@click.option("--gradient-checkpointing", type=SWITCH, default="off", show_default=True,
+              help="Recompute activations during backward (less memory, more compute).")
 @click.option("--lora-rank", "lora_ranks", type=click.IntRange(min=0), multiple=True, default=(0,), show_default=True,
               help="LoRA rank, 0 = full fine-tuning; repeatable.")
 @click.option("--lora-targets", default=",".join(ALL_LINEAR_TARGETS), show_default=True, callback=_split_targets,
               help="Comma-separated module names LoRA adapts.")
-@click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True,
-              help="Mixed precision of training (fp32 trains fastest on a CPU without bf16 units).")
+@click.option("--precision", type=click.Choice(PRECISIONS), default=None,
+              help="Precision of training: bf16 mixed precision, bf16-pure (model loaded in bf16), fp16 or fp32.  "
+                   "[default: bf16 on cuda; fp32 on cpu, which trains fastest without bf16 units]")
 @click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs (ranks) per trial.")
 @click.option("--batch-sizes", callback=positive_int_list("batch sizes"), default=None,
               help="Comma-separated micro-batches to run.  [default on cuda: 1,2,4 then --verify]")
 @click.option("--max-batch", type=click.IntRange(min=1), default=None,
               help="Run the full ladder instead: double until OOM (or this batch), then bisect to the exact "
-                   "largest batch.  [default on cpu: 8]")
+                   "largest batch.  [default on cpu: 4]")
 @click.option("--verify/--no-verify", default=None,
               help="After the listed batches, run the batch the planner would recommend, bisecting down if it "
                    "runs out of memory (at most 3 trials).  [default: on with the default batch sizes]")
 @click.option("--steps", type=click.IntRange(min=1), default=4, show_default=True, help="Measured steps per trial.")
-@click.option("--warmup-steps", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--warmup-steps", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Fewest untimed steps first; warm-up then goes on until a step takes within 10% of the one "
+                   "before (at most 12 steps). 0: time from the first step.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=900.0, show_default=True,
               help="Seconds before a trial is ended as an error.")
 @click.option("--alloc-conf", envvar="PYTORCH_CUDA_ALLOC_CONF", default="", show_default=False,
@@ -92,7 +102,8 @@ def _switch(value: str) -> tuple[bool, ...]:
 @click.pass_context
 def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path | None, machine: str | None,
             seq_lens: tuple[int, ...], zero_stages: tuple[int, ...], offload: str, liger: str,
-            gradient_checkpointing: str, lora_ranks: tuple[int, ...], lora_targets: tuple[str, ...], precision: str,
+            gradient_checkpointing: str, lora_ranks: tuple[int, ...], lora_targets: tuple[str, ...],
+            precision: str | None,
             gpus: int,
             batch_sizes: tuple[int, ...] | None, max_batch: int | None, verify: bool | None, steps: int, warmup_steps: int,
             timeout: float, alloc_conf: str, log_dir: Path | None) -> None:
@@ -101,6 +112,9 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
     Each trial runs in its own processes under a watchdog; every finished trial is appended at once,
     and re-running the same command skips what is already recorded.
     """
+    seq_lens = seq_lens or (DEFAULT_SEQ_LEN[device],)
+    precision = precision or DEFAULT_PRECISION[device]
+    ctx.params.update(seq_lens=seq_lens, precision=precision)  # the command line kept in every record names them
     settings = expand_settings(models, seq_lens, zero_stages, _switch(offload), _switch(liger),
                                _switch(gradient_checkpointing), lora_ranks, lora_targets, precision, gpus, alloc_conf)
     if launcher.TRIAL_COMMAND == launcher.REAL_TRIAL_COMMAND:  # a stand-in trial (tests) needs no GPU
