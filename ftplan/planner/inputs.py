@@ -39,6 +39,12 @@ FALLBACK_INTRA_NODE_LINK = "pcie4-x16"  # a card whose specs name no known inter
 class FiniteFloat(click.FloatRange):
     """A real number: click's float takes 'nan' and 'inf', which no option means and the arithmetic cannot use."""
 
+    name = "float"  # `--epochs FLOAT` in help, not FLOAT RANGE
+
+    def _describe_range(self) -> str:
+        """No bounds, nothing to say: click would print `[x<=None]`."""
+        return "" if self.min is None and self.max is None else super()._describe_range()
+
     def convert(self, value, param, ctx) -> float:
         number = click.FLOAT.convert(value, param, ctx)
         if not math.isfinite(number):
@@ -124,9 +130,10 @@ class Evidence:
         """Which inputs were read, for the output: a plan must say what it rests on."""
         if not self.inputs:
             return "Calibrations: none found; every number comes from the analytic prior."
-        total = sum(i.from_training_runs for i in self.inputs)
-        return (f"Calibrations: {'; '.join(i.describe() for i in self.inputs)}. "
-                f"{total} of {len(self.records)} records come from real training runs (Trainer callback).")
+        runs = sum(i.from_training_runs for i in self.inputs)
+        return (f"Calibrations: {'; '.join(i.describe() for i in self.inputs)}: "
+                f"{len(self.records) - runs} from calibration trials (short real fine-tunes by `ftplan calibrate`), "
+                f"{runs} from your own training runs (the Trainer callback).")
 
     def calibrated_settings(self, model: str) -> list[Setting]:
         """Settings of this model with measured trials, on any GPU (the predictor transfers across cards)."""
