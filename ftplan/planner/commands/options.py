@@ -34,19 +34,25 @@ def parse_targets(_ctx, _param, value: str) -> tuple[str, ...]:
 
 
 SETTING_OPTIONS = (
-    click.option("--model", required=True, help="Architecture id (see `ftplan models`) or a path to a config.json."),
+    click.option("--model", required=True,
+                 help="Architecture id (see `ftplan models`), a config.json, or a local Hugging Face model folder."),
     click.option("--seq-len", type=click.IntRange(min=1), default=2048, show_default=True, help="Tokens per sample (padded)."),
-    click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True),
+    click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True,
+                 help="bf16: mixed precision with fp32 weights and optimizer states (Trainer's bf16=True); bf16-pure: "
+                      "the model loaded in bf16, 8 bytes a parameter instead of 16 (plain PyTorch, no ZeRO)."),
     click.option("--zero-stage", type=click.Choice([str(s) for s in ZERO_STAGES]), default="0", show_default=True,
                  help="DeepSpeed ZeRO stage; 0 means no DeepSpeed."),
     click.option("--offload", is_flag=True, help="Offload optimizer states to the CPU (needs --zero-stage 1-3)."),
     click.option("--liger", is_flag=True, help="Liger kernels with fused linear cross-entropy."),
-    click.option("--lora-rank", type=click.IntRange(min=0), default=0, show_default=True, help="0 means full fine-tuning."),
+    click.option("--lora-rank", type=click.IntRange(min=0), default=0, show_default=True,
+                 help="LoRA adapter rank; 0 means full fine-tuning."),
     click.option("--lora-targets", default=",".join(ALL_LINEAR_TARGETS), show_default=True, callback=parse_targets,
                  help="Modules that get LoRA adapters."),
-    click.option("--gradient-checkpointing", is_flag=True),
+    click.option("--gradient-checkpointing", is_flag=True,
+                 help="Recompute activations during backward: far less activation memory, about a third more compute."),
     click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs per node."),
-    click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True),
+    click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True,
+                 help="Nodes of --gpus GPUs each; nodes talk over the inter-node link."),
     click.option("--alloc-conf", default="", help="PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True."),
 )
 

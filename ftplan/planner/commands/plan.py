@@ -8,7 +8,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import click
-from rich.console import Console
 
 from ftplan.core.architecture import load_architecture
 from ftplan.core.errors import FtplanError
@@ -26,6 +25,7 @@ from ftplan.planner.inputs import (
     load_evidence,
 )
 from ftplan.planner.render import (
+    make_console,
     plan_to_dict,
     print_plan,
     print_scaling,
@@ -33,8 +33,6 @@ from ftplan.planner.render import (
 )
 from ftplan.planner.scaling import node_layout, parse_gpu_counts
 from ftplan.planner.search import DEFAULT_LORA_RANKS, PlanRequest, make_plan
-
-SETUPS_SHOWN_WITH_SCALING = 12
 
 host_memory_option = click.option(
     "--host-memory-gib", type=float, default=None,
@@ -69,6 +67,9 @@ host_memory_option = click.option(
 @host_memory_option
 @calibrations_option
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option("--all", "show_all", is_flag=True,
+              help="List every setup that fits, not only the best of each family (full or LoRA, offload, Liger, "
+                   "checkpointing, precision).")
 @click.option("--emit", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write the recommended setup's ds_config.json, training_args.json and README.txt into this "
                    "new or empty folder.")
@@ -78,8 +79,8 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
             gpus: str, gpus_per_node: int, intra_node_bandwidth: str | None, inter_node_bandwidth: str | None,
             price_per_hour: float | None, max_hours: float | None, by: str, training: str,
             lora_ranks: tuple[int, ...], precision: str | None, safety_margin: float | None, context_reserve_gib: float,
-            host_memory_gib: float | None, calibrations: tuple[Path, ...], as_json: bool, emit: Path | None,
-            force: bool) -> None:
+            host_memory_gib: float | None, calibrations: tuple[Path, ...], as_json: bool, show_all: bool,
+            emit: Path | None, force: bool) -> None:
     """Which setup finishes fastest (or cheapest) on this GPU, with its largest safe batch, ETA and cost;
     with several GPU counts, how full and LoRA fine-tuning scale and which count to use."""
     load_architecture(model)  # an unknown model fails here, with close names, before any fitting
@@ -111,14 +112,14 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
                                "links": {**links.__dict__, "description": links_text},
                                "scaling": scaling_to_dict(scaling) if scaling else None}, indent=2))
     else:
-        console = Console(width=180)
+        console = make_console()
         console.print(evidence.describe())
         if max(counts) > 1:
             console.print(links_text)
         if scaling is not None:
             print_scaling(scaling, console, failed)
         if plan is not None:
-            print_plan(plan, console, failed, SETUPS_SHOWN_WITH_SCALING if scaling else None)
+            print_plan(plan, console, failed, show_all)
     if emit is not None:
         if plan is None or plan.recommended is None:
             raise FtplanError("nothing to emit: no setup was recommended")
