@@ -22,7 +22,8 @@ from ftplan.planner.gpu_counts import KINDS, ScalingPlan
 from ftplan.planner.search import Plan, SetupPlan
 
 SOURCE_STYLE = {"measured": "green", "interpolated": "green", "extrapolated": "yellow"}  # anything else: red
-# Piped output has no terminal to measure and rich would assume 80 columns; files and pagers take wider lines.
+# Piped output has no terminal to measure and rich would assume 80 columns; files and pagers take wider lines,
+# and prose is left unwrapped there so that grep finds whole sentences.
 PIPED_WIDTH = 120
 KIND_NAMES = {"full": "full fine-tuning", "lora": "LoRA"}
 # A rule under the header, no other lines, one space of padding between columns: tables that fit 100 columns.
@@ -31,10 +32,11 @@ COMPACT = {"box": box.SIMPLE_HEAD, "pad_edge": False, "collapse_padding": True, 
 
 
 def make_console() -> Console:
-    """A console as wide as the terminal (rich measures it, $COLUMNS overrides); piped, PIPED_WIDTH columns."""
+    """A console as wide as the terminal (rich measures it, $COLUMNS overrides); piped, PIPED_WIDTH columns
+    for tables and unwrapped prose."""
     console = Console()
     if not console.is_terminal and not os.environ.get("COLUMNS"):
-        console = Console(width=PIPED_WIDTH)
+        console = Console(width=PIPED_WIDTH, soft_wrap=True)
     return console
 
 
