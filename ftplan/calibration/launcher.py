@@ -4,7 +4,8 @@ Why not torchrun or the deepspeed launcher: when one rank dies (an OOM on one GP
 block in their next collective until a 30-minute NCCL/gloo timeout, which is the known DeepSpeed
 hang. Here every rank runs in its own session, and as soon as any rank fails or the trial's
 timeout passes, every other rank's whole process group gets SIGTERM, then SIGKILL. Each rank also
-dies with the launcher (PR_SET_PDEATHSIG), so killing a calibration never leaves GPU memory held.
+dies with the launcher (PR_SET_PDEATHSIG), and a reaper process ends the ranks' process groups when
+the launcher dies, so killing a calibration never leaves a rank or a child of a rank holding GPU memory.
 """
 
 from __future__ import annotations
@@ -34,6 +35,16 @@ _PR_SET_PDEATHSIG = 1
 # What a healthy rank dies of when a peer of its collective died first: the echo, not the cause.
 # Both exit within one watchdog poll more often than not, so the order of exits cannot tell them apart.
 PEER_LOSS_MARKERS = ("closed by peer", "reset by peer", "Broken pipe", "communicator was aborted", "NCCL error")
+# Reads one process group a line until its pipe closes, which only the launcher's death does, then ends them.
+_REAPER_CODE = """
+import os, sys
+groups = [int(line) for line in sys.stdin]
+for group in groups:
+    try:
+        os.killpg(group, 9)
+    except OSError:
+        pass
+"""
 
 
 @dataclass(frozen=True)
@@ -130,19 +141,44 @@ def run_trial(spec: TrialSpec, timeout: float, trial_command: Sequence[str] | No
                 for rank in range(spec.setting.world_size)]
         (workdir / "spec.json").write_text(json.dumps(spec.to_dict()))
         procs: list[subprocess.Popen] = []
+        reaper = _GroupReaper()
         try:
-            _start_ranks(spec, workdir, logs, trial_command or TRIAL_COMMAND, procs)
+            _start_ranks(spec, workdir, logs, trial_command or TRIAL_COMMAND, procs, reaper)
             reason, stopped = _watch(procs, started + timeout, timeout)
         finally:
             _end_all(procs)
+            reaper.stop()
         outcomes = [_rank_outcome(rank, proc, workdir / f"result-rank{rank}.json", logs[rank],
                                   reason if rank in stopped else "")
                     for rank, proc in enumerate(procs)]
     return TrialOutcome(outcomes, time.monotonic() - started)
 
 
+class _GroupReaper:
+    """A process that SIGKILLs the ranks' process groups once the launcher dies, however it dies.
+
+    PR_SET_PDEATHSIG ends only the rank itself: a child of the rank's own (a DataLoader worker, a compile
+    pool) was re-parented to PID 1 and lived on. The reaper learns each rank's group through a pipe, which
+    the kernel closes when the launcher dies; it runs in a session of its own, so a signal to the launcher's
+    process group does not end it too. A launcher that lives ends the groups itself and stops the reaper.
+    """
+
+    def __init__(self) -> None:
+        self._process = subprocess.Popen([sys.executable, "-I", "-S", "-c", _REAPER_CODE], stdin=subprocess.PIPE,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def watch(self, group: int) -> None:
+        self._process.stdin.write(f"{group}\n".encode())
+        self._process.stdin.flush()
+
+    def stop(self) -> None:
+        self._process.kill()  # before the pipe closes, so it never acts on groups already ended and reaped
+        self._process.wait()
+        self._process.stdin.close()
+
+
 def _start_ranks(spec: TrialSpec, workdir: Path, logs: list[Path], trial_command: Sequence[str],
-                 procs: list[subprocess.Popen]) -> None:
+                 procs: list[subprocess.Popen], reaper: _GroupReaper) -> None:
     """Start the ranks into procs, so a failure half-way still lets the caller end those started."""
     env = {**os.environ, "WORLD_SIZE": str(len(logs)), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
     if spec.setting.alloc_conf:
@@ -153,6 +189,7 @@ def _start_ranks(spec: TrialSpec, workdir: Path, logs: list[Path], trial_command
             procs.append(subprocess.Popen(command, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
                                           stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True, preexec_fn=_die_with_parent))
+        reaper.watch(procs[-1].pid)  # the rank leads its own process group: its pid is the group's id
 
 
 def _die_with_parent() -> None:
