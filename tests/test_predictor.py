@@ -111,3 +111,18 @@ def test_a_shipped_measured_batch_is_predicted_as_measured():
 def test_a_micro_batch_below_one_is_refused(predictor):
     with pytest.raises(FtplanError, match="micro-batch"):
         predictor.predict(CALIBRATED, 0, H200)
+
+
+def test_trainers_default_fused_adamw_and_a_retyped_config_path_use_the_calibration(tmp_path):
+    """Records of llama-3.2-1b ZeRO-2 (adamw_torch) inform a run of the same shape named by a config file
+    path with Trainer's default adamw_torch_fused: not the prior."""
+    import json
+
+    config = tmp_path / "my-model" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(load_architecture("llama-3.2-1b").config))
+    predictor = Predictor.fit(_records())
+    same = predictor.predict(CALIBRATED.with_(model=str(config)), 4, H200)
+    assert same.source == SOURCE_MEASURED  # the same shape by another name is the calibrated model
+    fused = predictor.predict(CALIBRATED.with_(model=str(config), optimizer="adamw_torch_fused"), 4, H200)
+    assert fused.source != SOURCE_PRIOR and any("adamw_torch" in note for note in fused.notes)

@@ -92,23 +92,13 @@ def liger_applied(model) -> bool:
                or getattr(m.forward, "__module__", "").startswith("liger_kernel") for m in model.modules())
 
 
-_SHAPE = ("model_type", "hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim", "vocab",
-          "tied_embeddings", "qkv_bias")
-
-
-def _shape(arch: Architecture) -> tuple:
-    """What decides memory and time. The full-config hash never matches: transformers adds and renames keys."""
-    extra = tuple(bool(arch.config.get(k)) for k in ("attention_bias", "mlp_bias"))
-    return tuple(getattr(arch, name) for name in _SHAPE) + extra
-
-
 def run_architecture(model, config_dir: Path) -> Architecture:
     """The shipped architecture with the same shape, else the model's config written to config_dir."""
     config = {k: v for k, v in model.config.to_dict().items() if not k.startswith("_")}
     candidate = Architecture(id="", config=config)
     for arch_id in available_architectures():
         shipped = load_architecture(arch_id)
-        if _shape(shipped) == _shape(candidate):
+        if shipped.shape == candidate.shape:
             return shipped
     path = (config_dir / f"ftplan-{config['model_type']}-{candidate.hash}.json").resolve()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -74,6 +74,15 @@ class Architecture:
         return self.model_type == "qwen2" or bool(self.config.get("attention_bias", False))
 
     @cached_property
+    def shape(self) -> tuple:
+        """What decides memory and time. Two configs of one shape are one architecture for every fit:
+        the full-config hash never matches across tools (transformers adds and renames keys), and a
+        config path typed differently, or the copy the Trainer callback writes, is the same model."""
+        fields = tuple(getattr(self, name) for name in ("model_type", "hidden", "intermediate", "layers", "heads",
+                                                          "kv_heads", "head_dim", "vocab", "tied_embeddings", "qkv_bias"))
+        return fields + tuple(bool(self.config.get(k)) for k in ("attention_bias", "mlp_bias"))
+
+    @cached_property
     def hash(self) -> str:
         """Short digest of the config, so records of a changed architecture are never mixed."""
         canonical = json.dumps({k: v for k, v in self.config.items() if not k.startswith("_")}, sort_keys=True)

@@ -37,6 +37,13 @@ OPTIMIZER_STATE_BYTES = {"adamw_torch": 8, "adamw_torch_fused": 8, "adamw_hf": 8
 OPTIMIZER_STEP_TEMP_BYTES = {"adamw_torch": 4, "adamw_torch_fused": 0, "adamw_hf": 4, "adamw_apex_fused": 0}
 
 
+def same_state_optimizers(optimizer: str) -> tuple[str, ...]:
+    """Other optimizers keeping the same state (Trainer's default adamw_torch_fused and the adamw_torch that
+    calibration ran): a fit of one is evidence for the other, up to the step temporaries."""
+    state = OPTIMIZER_STATE_BYTES.get(optimizer)
+    return tuple(name for name, size in OPTIMIZER_STATE_BYTES.items() if size == state and name != optimizer)
+
+
 @dataclass(frozen=True)
 class ParamBytes:
     """Bytes per parameter resident on one GPU, already divided by the ZeRO partition factor."""

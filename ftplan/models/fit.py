@@ -36,7 +36,7 @@ from ftplan.models.prior import (
     logit_elements_per_sample,
     memory_terms,
 )
-from ftplan.models.wall import healthy_points, reserved_capped
+from ftplan.models.wall import healthy_points
 
 # Relative floors of the upper prediction bound, for fits whose few points leave residuals near zero.
 ALLOCATED_FLOOR = 0.02
@@ -240,9 +240,18 @@ def setting_without_seq_len(data: dict) -> dict:
     return setting
 
 
+def same_run_key(setting: dict) -> str:
+    """A setting's fields with the model replaced by its architecture's shape (the name when unknown)."""
+    try:
+        model = repr(cached_architecture(setting["model"]).shape)
+    except FtplanError:
+        model = setting["model"]
+    return json.dumps({**setting, "model": model}, sort_keys=True)
+
+
 def group_key(record: dict) -> tuple[str, str]:
-    """(setting without seq_len, GPU) as a hashable key: what one fit covers."""
-    return json.dumps(setting_without_seq_len(record), sort_keys=True), str(record.get("gpu_name"))
+    """(setting without seq_len, its architecture by shape; GPU) as a hashable key: what one fit covers."""
+    return same_run_key(setting_without_seq_len(record)), str(record.get("gpu_name"))
 
 
 def fit_setting(records: list[dict], compute_rate: ComputeRate | None = None) -> SettingFit:

@@ -21,6 +21,7 @@ from ftplan.models.fit import (
     SettingFit,
     fit_groups,
     fit_setting,
+    same_run_key,
     setting_without_seq_len,
 )
 
@@ -35,10 +36,11 @@ class FitSet:
     provenance: dict = field(default_factory=dict)
 
     def lookup(self, setting: Setting, gpu_name: str) -> SettingFit | None:
-        """The fit for this setting on this GPU, if one exists and covers its sequence length."""
-        wanted = setting_without_seq_len(setting.to_dict())
+        """The fit for this setting on this GPU, if one exists and covers its sequence length; the
+        model matches by architecture shape (`Architecture.shape`), not by how its name was typed."""
+        wanted = same_run_key(setting_without_seq_len(setting.to_dict()))
         for fit in self.fits:
-            if fit.gpu_name == gpu_name and fit.setting == wanted and fit.covers(setting.seq_len):
+            if fit.gpu_name == gpu_name and same_run_key(fit.setting) == wanted and fit.covers(setting.seq_len):
                 return fit
         return None
 

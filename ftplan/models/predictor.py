@@ -30,6 +30,7 @@ from ftplan.models.communication import (
     step_time_cv,
     step_traffic,
 )
+from ftplan.models.bytes_per_param import same_state_optimizers
 from ftplan.models.fit import SettingFit
 from ftplan.models.fitset import FitSet, fit_records
 from ftplan.models.prediction import (
@@ -180,6 +181,8 @@ class Predictor:
         relatives = [(setting, "")]
         relatives += [(setting.with_(alloc_conf=conf), f"calibrated with PYTORCH_CUDA_ALLOC_CONF='{conf}'")
                       for conf in self._alloc_confs if conf != setting.alloc_conf]
+        relatives += [(setting.with_(optimizer=other), f"calibrated with {other} (the same AdamW state; its step "
+                       "temporaries shifted by the prior)") for other in same_state_optimizers(setting.optimizer)]
         if setting.world_size > 1:
             relatives.append((setting.with_(gpus=1, nodes=1), "memory from the 1-GPU calibration plus the analytic change of partitioned states"))
         for candidate, note in relatives:
