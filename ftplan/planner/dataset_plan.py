@@ -1,0 +1,179 @@
+"""Plan from the dataset's token lengths instead of one padded sequence length.
+
+Memory is planned at the longest micro-batch the run will meet (the setting's seq_len is that batch's
+padded length: the longest sample for pad, dynamic and group_by_length, the row for packing), because the
+OOM a user meets hundreds of steps in is the step that draws the long tail. Time is predicted at the mean
+padded length of a step's micro-batch (the calibration's step time is a function of tokens per
+micro-batch, measured across sequence lengths), and steps count the real rows (samples or packed rows).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ftplan.core.errors import FtplanError
+from ftplan.core.settings import Setting
+from ftplan.planner.batching import (
+    DEFAULT_CONFIDENCE,
+    Batching,
+    LengthStats,
+    LimitedLengths,
+    apply_limit,
+    batching,
+    saturating_batch,
+    split_global_batch,
+)
+from ftplan.planner.eta import MAX_STEPS, Eta
+from ftplan.planner.search import Plan, PlanRequest, Predictor, SetupPlan, make_plan
+
+
+@dataclass(frozen=True)
+class DatasetOptions:
+    """How the user batches: strategy, pack length, length limit and what to do over it, target global batch."""
+
+    strategy: str = "dynamic"
+    pack_length: int | None = None
+    max_length: int | None = None  # samples longer are truncated or dropped; None keeps every sample whole
+    too_long: str = "truncate"
+    global_batch: int | None = None
+    confidence: float = DEFAULT_CONFIDENCE
+
+
+@dataclass(frozen=True)
+class SetupBatching:
+    """One setup's micro-batch × accumulation, what a micro-batch holds, and where throughput stops growing."""
+
+    setting: Setting
+    micro_batch: int
+    accumulation: int
+    batching: Batching
+    largest_fitting: int
+    saturating: int | None  # without a target global batch: the smallest batch within 5% of the best throughput
+    rows_per_second: float
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.accumulation * self.setting.world_size
+
+    @property
+    def real_tokens_per_step(self) -> float:
+        return self.batching.real_tokens_per_micro_batch * self.accumulation * self.setting.world_size
+
+
+@dataclass(frozen=True)
+class DatasetPlan:
+    """The plan, the length distribution it rests on, and each fitting setup's batching."""
+
+    plan: Plan
+    stats: LengthStats
+    limited: LimitedLengths
+    options: DatasetOptions
+    setups: dict[Setting, SetupBatching]
+
+    @property
+    def recommended(self) -> SetupBatching | None:
+        best = self.plan.recommended
+        return self.setups.get(best.setting) if best else None
+
+
+def plan_from_lengths(predictor: Predictor, request: PlanRequest, lengths: Iterable[int] | np.ndarray,
+                      options: DatasetOptions, extra: Iterable[Setting] = ()) -> DatasetPlan:
+    """make_plan at the longest batch's length, then each setup's steps and ETA from its real tokens per step.
+
+    request.dataset_size is replaced by the dataset's rows, and request.base.seq_len by the memory length.
+    """
+    values = np.asarray(list(lengths) if not isinstance(lengths, np.ndarray) else lengths)
+    stats = LengthStats.of(values)
+    limit = options.pack_length if options.strategy == "pack" else options.max_length
+    if options.strategy == "pack" and options.max_length is not None:
+        limit = min(limit or options.max_length, options.max_length)
+    limited = apply_limit(values, limit, options.too_long)
+    world = request.base.world_size
+    shape = batching(options.strategy, limited.lengths, 1, world, pack_length=options.pack_length,
+                     epochs=request.epochs, confidence=options.confidence)
+    memory_request = replace(request, base=request.base.with_(seq_len=shape.memory_length), dataset_size=shape.rows)
+    plan = make_plan(predictor, memory_request, [s.with_(seq_len=shape.memory_length) for s in extra])
+
+    def setup_batching(setup: SetupPlan) -> tuple[SetupPlan, SetupBatching]:
+        setting, gpu = setup.setting, request.gpu
+        cache: dict[tuple[int, int], Batching] = {}
+
+        def shape_at(batch: int, accumulation: int = 1) -> Batching:
+            if options.strategy in ("pad", "pack"):  # rows and lengths do not depend on the batch
+                return replace(shape, micro_batch=batch, world_size=setting.world_size)
+            if (batch, accumulation) not in cache:
+                cache[batch, accumulation] = batching(
+                    options.strategy, limited.lengths, batch, setting.world_size, accumulation,
+                    options.pack_length, request.epochs, options.confidence)
+            return cache[batch, accumulation]
+
+        def step_seconds(batch: int, accumulation: int = 1) -> float:
+            length = max(1, round(shape_at(batch, accumulation).time_length))
+            return predictor.predict(setting.with_(seq_len=length), batch, gpu).seconds_per_step.mean
+
+        def rows_per_second(batch: int) -> float:
+            return batch * setting.world_size / step_seconds(batch)
+
+        largest = setup.batch
+        if options.global_batch is not None:
+            micro, accumulation = split_global_batch(options.global_batch, setting.world_size, largest,
+                                                     rows_per_second)
+            saturating = None
+        else:
+            micro, accumulation, saturating = largest, 1, saturating_batch(largest, rows_per_second)
+        shape_used = shape_at(micro, accumulation)
+        per_step = step_seconds(micro, accumulation) * accumulation
+        steps = math.ceil(shape_used.rows * request.epochs / (micro * accumulation * setting.world_size))
+        if steps > MAX_STEPS:
+            raise FtplanError(f"more than {MAX_STEPS:.0e} optimizer steps; check the dataset and --epochs")
+        total = steps * per_step
+        price = request.price_per_gpu_hour
+        eta = Eta(steps, per_step, total, None if price is None else total / 3600 * price * setting.world_size)
+        best = predictor.predict(setting, micro, gpu)  # memory at the longest batch's length
+        chosen = SetupBatching(setting, micro, accumulation, shape_used, largest, saturating,
+                               micro * setting.world_size / step_seconds(micro, accumulation))
+        return replace(setup, best=best, eta=eta), chosen
+
+    timed = [setup_batching(s) for s in [*plan.ranked, *plan.too_slow]]
+    key = (lambda s: (s.eta.cost, s.eta.total_seconds)) if request.by == "cost" else \
+          (lambda s: (s.eta.total_seconds, -s.batch))
+    fitting = sorted((s for s, _ in timed), key=key)
+    limit_hours = request.max_hours
+    ranked = [s for s in fitting if limit_hours is None or s.eta.hours <= limit_hours]
+    too_slow = [s for s in fitting if limit_hours is not None and s.eta.hours > limit_hours]
+    return DatasetPlan(replace(plan, request=memory_request, ranked=ranked, too_slow=too_slow), stats, limited,
+                       options, {b.setting: b for _, b in timed})
+
+
+def describe_lengths(stats: LengthStats, limited: LimitedLengths, method: str) -> list[str]:
+    """The length distribution and what the limit did, as printed before the plan."""
+    pct = ", ".join(f"p{p} {v:,.0f}" for p, v in stats.percentiles.items())
+    lines = [f"Dataset: {stats.count:,} samples, {stats.total_tokens:,} tokens (mean {stats.mean:,.0f}, {pct}, "
+             f"max {stats.max:,}); tokens counted by {method}."]
+    if limited.over:
+        done = "truncated to" if limited.too_long == "truncate" else "dropped, as over"
+        lines.append(f"{limited.over:,} samples are longer than {limited.limit:,} tokens: {done} {limited.limit:,} "
+                     f"({limited.tokens_lost:,} tokens lost; --too-long chooses truncate or drop).")
+    return lines
+
+
+def describe_batching(choice: SetupBatching, strategy: str) -> list[str]:
+    """The recommended setup's batching: shape that sets memory, tokens that set time, batch split."""
+    shape = choice.batching
+    names = {"pad": "padding to the longest sample", "dynamic": "dynamic padding in random order",
+             "group": "group_by_length", "pack": f"packing into rows of {shape.memory_length:,} tokens"}
+    row = "packed row" if strategy == "pack" else "sample"
+    lines = [f"Batching: {names[strategy]}. Memory planned at the longest micro-batch: {choice.micro_batch} × "
+             f"{shape.memory_length:,} tokens; time at {shape.time_length:,.0f} padded tokens per {row} on average "
+             f"({shape.padding_fraction:.0%} padding); {shape.rows:,} {row}s per epoch.",
+             f"Global batch {choice.global_batch} = micro-batch {choice.micro_batch} × gradient accumulation "
+             f"{choice.accumulation} × {choice.setting.world_size} GPU(s); {choice.real_tokens_per_step:,.0f} real "
+             f"tokens per optimizer step; {choice.rows_per_second:,.2f} {row}s/s."]
+    if choice.saturating is not None and choice.saturating < choice.largest_fitting:
+        lines.append(f"Throughput stops improving at micro-batch {choice.saturating} (within 5% of the best; "
+                     f"{choice.largest_fitting} fits): a smaller batch costs little time and leaves memory headroom.")
+    return lines

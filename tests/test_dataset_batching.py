@@ -1,0 +1,183 @@
+"""Batching strategies over fixed length distributions whose numbers can be derived by hand, and plans
+from a long-tailed dataset that differ (correctly) from the padded-to-max plan."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ftplan.core.errors import FtplanError
+from ftplan.core.hardware import GpuSpec
+from ftplan.core.settings import Setting
+from ftplan.core.units import GIB
+from ftplan.models.prediction import Estimate, Prediction
+from ftplan.models.safe_batch import MemoryBudget
+from ftplan.planner.batching import (
+    LengthStats,
+    apply_limit,
+    batching,
+    expected_max_length,
+    group_padded_lengths,
+    pack_rows,
+    saturating_batch,
+    split_global_batch,
+    steps_per_epoch,
+    worst_length,
+)
+from ftplan.planner.dataset_plan import DatasetOptions, describe_batching, describe_lengths, plan_from_lengths
+from ftplan.planner.search import PlanRequest
+
+ONE_TO_EIGHT = list(range(1, 9))
+
+
+def test_pad_plans_every_sample_at_the_longest():
+    shape = batching("pad", ONE_TO_EIGHT, micro_batch=2)
+    assert (shape.rows, shape.memory_length, shape.time_length, shape.real_tokens_per_row) == (8, 8, 8.0, 4.5)
+    assert shape.padding_fraction == pytest.approx(1 - 4.5 / 8)
+
+
+def test_dynamic_padding_time_is_the_expected_longest_of_each_batch_and_memory_the_longest_sample():
+    # E[max of 2 drawn from 1..8] = sum_i i * (i-1) / C(8, 2) = 168 / 28 = 6
+    shape = batching("dynamic", ONE_TO_EIGHT, micro_batch=2)
+    assert shape.time_length == pytest.approx(6.0)
+    assert shape.memory_length == 8
+    assert expected_max_length([1, 2, 3, 4], 2) == pytest.approx(20 / 6)
+    # two GPUs of one sample each: the step waits for the longer of the two
+    assert batching("dynamic", ONE_TO_EIGHT, micro_batch=1, world_size=2).time_length == pytest.approx(6.0)
+
+
+def test_expected_longest_matches_enumeration():
+    from itertools import combinations
+    lengths = np.random.default_rng(1).integers(1, 50, size=14)
+    by_hand = np.mean([max(c) for c in combinations(lengths, 3)])
+    assert expected_max_length(lengths, 3) == pytest.approx(by_hand)
+
+
+def test_group_by_length_sorted_megabatch_pads_each_batch_to_its_neighbours():
+    # one megabatch of all 8, sorted longest first: batches (8,7) (6,5) (4,3) (2,1) padded to 8, 6, 4, 2
+    assert group_padded_lengths(ONE_TO_EIGHT, 2, megabatch=8).tolist() == [8, 6, 4, 2]
+    shape = batching("group", ONE_TO_EIGHT, micro_batch=2, megabatch=8)
+    assert (shape.time_length, shape.memory_length) == (5.0, 8)
+
+
+def test_group_by_length_pads_less_than_random_order_on_a_spread_of_lengths():
+    lengths = np.random.default_rng(0).lognormal(5, 1, 5000).astype(int) + 1
+    group = batching("group", lengths, micro_batch=8).time_length
+    dynamic = batching("dynamic", lengths, micro_batch=8).time_length
+    assert lengths.mean() < group < 0.5 * dynamic
+
+
+def test_packing_best_fit_decreasing_by_hand():
+    # capacity 8: 6 opens A (2 free), 5 opens B (3), 4 opens C (4), 3 fills B, 2 fills A
+    assert sorted(pack_rows([6, 5, 4, 3, 2], 8).tolist()) == [4, 8, 8]
+    shape = batching("pack", [6, 5, 4, 3, 2], micro_batch=2, pack_length=8)
+    assert (shape.rows, shape.memory_length, shape.real_tokens_per_row) == (3, 8, pytest.approx(20 / 3))
+    with pytest.raises(FtplanError, match="pack length"):
+        batching("pack", [6, 5], micro_batch=1)
+
+
+def test_too_long_samples_are_counted_then_truncated_or_dropped():
+    truncated = apply_limit([1, 5, 10], 6, "truncate")
+    assert (truncated.lengths.tolist(), truncated.over, truncated.tokens_lost) == ([1, 5, 6], 1, 4)
+    dropped = apply_limit([1, 5, 10], 6, "drop")
+    assert (dropped.lengths.tolist(), dropped.over, dropped.tokens_lost) == ([1, 5], 1, 10)
+    with pytest.raises(FtplanError, match="removes them all"):
+        apply_limit([10, 12], 6, "drop")
+
+
+def test_worst_length_is_the_longest_sample_once_the_run_sees_an_epoch():
+    lengths = list(range(1, 101))
+    assert worst_length(lengths, 100) == 100
+    # 10 of 100 drawn: P(max <= i) = C(i, 10) / C(100, 10); the smallest i reaching 50%
+    by_hand = next(i for i in range(10, 101) if math.comb(i, 10) / math.comb(100, 10) >= 0.5)
+    assert worst_length(lengths, 10, confidence=0.5) == by_hand == 94
+    assert batching("dynamic", lengths, 2, epochs=0.1, confidence=0.5).memory_length < 100
+
+
+def test_steps_and_global_batch_split():
+    assert steps_per_epoch(10, micro_batch=2, accumulation=2, world_size=1) == 3
+    assert split_global_batch(64, 1, 16, lambda b: b) == (16, 4)      # faster with larger batches: the largest
+    assert split_global_batch(64, 2, 16, lambda b: 1.0) == (16, 2)    # a tie goes to the larger batch
+    assert split_global_batch(64, 1, 16, lambda b: -abs(b - 4)) == (4, 16)
+    with pytest.raises(FtplanError, match="multiple of 4"):
+        split_global_batch(6, 4, 16, lambda b: b)
+
+
+def test_saturating_batch_is_where_throughput_stops_improving():
+    # rows/s = b / (1 + b): 0.5, .667, .8, .889, .941, .970, .985 for 1..64; 95% of .985 = .935 -> 16
+    assert saturating_batch(64, lambda b: b / (1 + b)) == 16
+    assert saturating_batch(64, lambda b: b / (1 + 0.1 * b)) == 64
+
+
+def test_length_stats():
+    stats = LengthStats.of(ONE_TO_EIGHT)
+    assert (stats.count, stats.total_tokens, stats.max, stats.min, stats.mean) == (8, 36, 8, 1, 4.5)
+    assert stats.percentiles[50] == 4.5
+
+
+# A token-driven stand-in for the predictor: memory and time linear in tokens per micro-batch.
+GPU = GpuSpec("TEST-80", 80, 100, 1000)
+STATIC_GIB, GIB_PER_TOKEN = 10.0, 0.005
+SECONDS_FIXED, SECONDS_PER_TOKEN = 0.1, 1e-4
+
+
+class TokenPredictor:
+    def predict(self, setting: Setting, micro_batch: int, gpu: GpuSpec) -> Prediction:
+        tokens = micro_batch * setting.seq_len
+        memory = (STATIC_GIB + GIB_PER_TOKEN * tokens) * GIB
+        seconds = SECONDS_FIXED + SECONDS_PER_TOKEN * tokens
+        return Prediction(setting, micro_batch, gpu.name, Estimate(memory, memory), Estimate(memory, memory),
+                          Estimate(seconds, seconds), "measured")
+
+
+# Long tail: 990 samples of 100 tokens, 10 of 1000.
+LONG_TAIL = np.array([100] * 990 + [1000] * 10)
+BUDGET = MemoryBudget(GPU.memory_bytes)
+LARGEST = int((BUDGET.usable_bytes / GIB - STATIC_GIB) / (GIB_PER_TOKEN * 1000))
+
+
+def _plan(strategy: str, **options):
+    request = PlanRequest(base=Setting(model="llama-3-8b", seq_len=1000), dataset_size=1, epochs=1.0, gpu=GPU,
+                          budget=BUDGET, lora_ranks=(16,), precision="bf16")
+    return plan_from_lengths(TokenPredictor(), request, LONG_TAIL, DatasetOptions(strategy=strategy, **options))
+
+
+def test_long_tail_plans_memory_at_the_longest_batch_and_time_at_the_real_tokens():
+    pad, dynamic = _plan("pad"), _plan("dynamic")
+    b = LARGEST
+    assert pad.plan.recommended.batch == dynamic.plan.recommended.batch == b  # memory: the long samples still come
+    assert dynamic.plan.recommended.best.setting.seq_len == 1000
+    steps = math.ceil(1000 / b)
+    assert pad.plan.recommended.eta.total_seconds == pytest.approx(steps * (SECONDS_FIXED + SECONDS_PER_TOKEN * b * 1000))
+    # a batch of b holds a long sample with probability 1 - C(990, b) / C(1000, b)
+    expected = 100 + 900 * (1 - math.comb(990, b) / math.comb(1000, b))
+    assert dynamic.recommended.batching.time_length == pytest.approx(expected)
+    per_step = SECONDS_FIXED + SECONDS_PER_TOKEN * b * round(expected)
+    assert dynamic.plan.recommended.eta.total_seconds == pytest.approx(steps * per_step)
+    assert dynamic.plan.recommended.eta.total_seconds < 0.5 * pad.plan.recommended.eta.total_seconds
+
+
+def test_packing_a_long_tail_counts_packed_rows():
+    # a row of 1000 holds one long sample or ten short ones: 10 + 990 / 10 = 109 rows, all full
+    packed = _plan("pack", pack_length=1000)
+    choice = packed.recommended
+    assert (choice.batching.rows, choice.batching.real_tokens_per_row) == (109, 1000.0)
+    assert packed.plan.recommended.eta.steps == math.ceil(109 / choice.micro_batch)
+
+
+def test_truncating_the_tail_plans_memory_at_the_limit():
+    capped = _plan("dynamic", max_length=200)
+    assert capped.limited.over == 10 and capped.limited.tokens_lost == 8000
+    assert capped.recommended.batching.memory_length == 200
+    assert capped.plan.recommended.batch > LARGEST
+    assert any("10 samples are longer than 200" in line for line in describe_lengths(capped.stats, capped.limited, "ids"))
+
+
+def test_global_batch_is_micro_batch_times_accumulation():
+    plan = _plan("dynamic", global_batch=2 * LARGEST)
+    choice = plan.recommended
+    assert choice.micro_batch * choice.accumulation == 2 * LARGEST and choice.micro_batch <= LARGEST
+    assert plan.plan.recommended.eta.steps == math.ceil(1000 / (2 * LARGEST))
+    assert any("gradient accumulation" in line for line in describe_batching(choice, "dynamic"))
