@@ -152,8 +152,8 @@ def plan_from_lengths(predictor: Predictor, request: PlanRequest, lengths: Itera
 def describe_lengths(stats: LengthStats, limited: LimitedLengths, method: str) -> list[str]:
     """The length distribution and what the limit did, as printed before the plan."""
     pct = ", ".join(f"p{p} {v:,.0f}" for p, v in stats.percentiles.items())
-    lines = [f"Dataset: {stats.count:,} samples, {stats.total_tokens:,} tokens (mean {stats.mean:,.0f}, {pct}, "
-             f"max {stats.max:,}); tokens counted by {method}."]
+    lines = [(f"Dataset: {stats.count:,} samples, {stats.total_tokens:,} tokens (mean {stats.mean:,.0f}, {pct}, "
+              f"max {stats.max:,}); tokens counted by {method}.")]
     if limited.over:
         done = "truncated to" if limited.too_long == "truncate" else "dropped, as over"
         lines.append(f"{limited.over:,} samples are longer than {limited.limit:,} tokens: {done} {limited.limit:,} "
@@ -167,12 +167,12 @@ def describe_batching(choice: SetupBatching, strategy: str) -> list[str]:
     names = {"pad": "padding to the longest sample", "dynamic": "dynamic padding in random order",
              "group": "group_by_length", "pack": f"packing into rows of {shape.memory_length:,} tokens"}
     row = "packed row" if strategy == "pack" else "sample"
-    lines = [f"Batching: {names[strategy]}. Memory planned at the longest micro-batch: {choice.micro_batch} × "
-             f"{shape.memory_length:,} tokens; time at {shape.time_length:,.0f} padded tokens per {row} on average "
-             f"({shape.padding_fraction:.0%} padding); {shape.rows:,} {row}s per epoch.",
-             f"Global batch {choice.global_batch} = micro-batch {choice.micro_batch} × gradient accumulation "
-             f"{choice.accumulation} × {choice.setting.world_size} GPU(s); {choice.real_tokens_per_step:,.0f} real "
-             f"tokens per optimizer step; {choice.rows_per_second:,.2f} {row}s/s."]
+    lines = [(f"Batching: {names[strategy]}. Memory planned at the longest micro-batch: {choice.micro_batch} × "
+              f"{shape.memory_length:,} tokens; time at {shape.time_length:,.0f} padded tokens per {row} on average "
+              f"({shape.padding_fraction:.0%} padding); {shape.rows:,} {row}s per epoch."),
+             (f"Global batch {choice.global_batch} = micro-batch {choice.micro_batch} × gradient accumulation "
+              f"{choice.accumulation} × {choice.setting.world_size} GPU(s); {choice.real_tokens_per_step:,.0f} real "
+              f"tokens per optimizer step; {choice.rows_per_second:,.2f} {row}s/s.")]
     if choice.saturating is not None and choice.saturating < choice.largest_fitting:
         lines.append(f"Throughput stops improving at micro-batch {choice.saturating} (within 5% of the best; "
                      f"{choice.largest_fitting} fits): a smaller batch costs little time and leaves memory headroom.")
