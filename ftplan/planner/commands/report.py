@@ -23,10 +23,12 @@ from ftplan.planner.inputs import (
               help="Folder for the PNG files.")
 @click.option("--dataset-size", type=click.IntRange(min=1), default=10_000, show_default=True,
               help="Samples per epoch for the time-to-completion chart.")
-@click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True)
+@click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="Passes over the dataset, for the time-to-completion chart.")
 @click.option("--gpu-specs", type=click.Path(path_type=Path), default=None, help="CSV of GPU specs overriding the catalog.")
 @click.option("--gpus", default="1..128", show_default=True, help="GPU counts of the scaling chart (as in `ftplan plan`).")
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True,
+              help="GPUs a node holds in the scaling chart; beyond it nodes talk over the inter-node link.")
 @link_options
 @budget_options
 @calibrations_option
