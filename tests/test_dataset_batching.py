@@ -181,3 +181,24 @@ def test_global_batch_is_micro_batch_times_accumulation():
     assert choice.micro_batch * choice.accumulation == 2 * LARGEST and choice.micro_batch <= LARGEST
     assert plan.plan.recommended.eta.steps == math.ceil(1000 / (2 * LARGEST))
     assert any("gradient accumulation" in line for line in describe_batching(choice, "dynamic"))
+
+
+def test_plan_cli_from_a_dataset_prints_the_distribution_and_plans_at_the_longest_batch(tmp_path, capsys, monkeypatch):
+    import json
+
+    from tests.helpers import run_ftplan
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": [0] * int(n)}) + "\n" for n in LONG_TAIL))
+    args = ["plan", "--model", "llama-3.2-1b", "--gpu", "H200", "--dataset", data]
+    code, out, err = run_ftplan([*args, "--json", "--global-batch", "32"], capsys, monkeypatch)
+    assert code == 0, err
+    report = json.loads(out)["dataset"]
+    assert report["lengths"]["count"] == 1000 and report["lengths"]["max"] == 1000
+    chosen = report["recommended"]
+    assert chosen["memory_length"] == 1000 and chosen["global_batch"] == 32
+    assert chosen["micro_batch"] * chosen["gradient_accumulation"] == 32
+    code, out, err = run_ftplan([*args, "--batching", "pack", "--pack-length", "1000"], capsys, monkeypatch)
+    assert code == 0, err
+    assert "Dataset: 1,000 samples, 109,000 tokens" in out and "109 packed rows per epoch" in out
+    code, out, err = run_ftplan(["plan", "--model", "llama-3.2-1b", "--gpu", "H200"], capsys, monkeypatch)
+    assert code != 0 and "--dataset-size" in out + err

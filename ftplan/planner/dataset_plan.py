@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -27,6 +28,7 @@ from ftplan.planner.batching import (
     saturating_batch,
     split_global_batch,
 )
+from ftplan.planner.dataset import load_lengths
 from ftplan.planner.eta import MAX_STEPS, Eta
 from ftplan.planner.search import Plan, PlanRequest, Predictor, SetupPlan, make_plan
 
@@ -177,3 +179,34 @@ def describe_batching(choice: SetupBatching, strategy: str) -> list[str]:
         lines.append(f"Throughput stops improving at micro-batch {choice.saturating} (within 5% of the best; "
                      f"{choice.largest_fitting} fits): a smaller batch costs little time and leaves memory headroom.")
     return lines
+
+
+def plan_dataset_file(predictor: Predictor, request: PlanRequest, path: Path, options: DatasetOptions,
+                      text_field: str | None = None, ids_field: str | None = None, tokenizer: Path | None = None,
+                      extra: Iterable[Setting] = ()) -> tuple[DatasetPlan, list[str]]:
+    """`ftplan plan --dataset`: read the lengths, plan with them, and the lines that explain both."""
+    read = load_lengths(path, text_field, ids_field, tokenizer)
+    result = plan_from_lengths(predictor, request, read.lengths, options, extra)
+    lines = describe_lengths(result.stats, result.limited, read.method)
+    if result.recommended is not None:
+        lines += describe_batching(result.recommended, options.strategy)
+    return result, lines
+
+
+def dataset_plan_to_dict(result: DatasetPlan, lines: list[str]) -> dict:
+    """The dataset part of `plan --json`: distribution, strategy and the recommended setup's batching."""
+    stats, choice = result.stats, result.recommended
+    return {
+        "lengths": {"count": stats.count, "total_tokens": stats.total_tokens, "mean": stats.mean, "max": stats.max,
+                    "percentiles": {f"p{p}": v for p, v in stats.percentiles.items()},
+                    "over_limit": result.limited.over, "limit": result.limited.limit,
+                    "too_long": result.limited.too_long, "tokens_lost": result.limited.tokens_lost},
+        "batching": result.options.strategy,
+        "recommended": None if choice is None else {
+            "micro_batch": choice.micro_batch, "gradient_accumulation": choice.accumulation,
+            "gpus": choice.setting.world_size, "global_batch": choice.global_batch,
+            "memory_length": choice.batching.memory_length, "time_length": choice.batching.time_length,
+            "rows_per_epoch": choice.batching.rows, "real_tokens_per_step": choice.real_tokens_per_step,
+            "largest_fitting_micro_batch": choice.largest_fitting, "saturating_micro_batch": choice.saturating},
+        "description": lines,
+    }

@@ -8,13 +8,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from ftplan.core.architecture import load_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import find_gpu, load_catalog
 from ftplan.core.settings import PRECISIONS, Setting
 from ftplan.models.communication import estimate_overlap
+from ftplan.planner.batching import STRATEGIES, TOO_LONG
 from ftplan.planner.commands.options import positive_int_list
+from ftplan.planner.dataset_plan import DatasetOptions, dataset_plan_to_dict, plan_dataset_file
 from ftplan.planner.gpu_counts import plan_gpu_counts
 from ftplan.planner.inputs import (
     FINITE_FLOAT,
@@ -42,7 +45,7 @@ host_memory_option = click.option(
 
 @click.command("plan")
 @click.option("--model", required=True, help="Architecture id (see `ftplan models`) or a path to a config.json.")
-@click.option("--dataset-size", type=int, required=True, help="Training samples per epoch.")
+@click.option("--dataset-size", type=int, default=None, help="Training samples per epoch (needed without --dataset).")
 @click.option("--epochs", type=FINITE_FLOAT, default=1.0, show_default=True)
 @click.option("--seq-len", type=int, default=2048, show_default=True, help="Tokens per sample (padded).")
 @gpu_options
@@ -75,15 +78,40 @@ host_memory_option = click.option(
                    "new or empty folder.")
 @click.option("--force", is_flag=True,
               help="With --emit into a folder that is not empty: replace the files ftplan wrote there, keep the rest.")
+@click.option("--dataset", type=click.Path(path_type=Path), default=None,
+              help="Plan from this dataset's token lengths (JSONL, JSON, CSV, Parquet or a save_to_disk folder) "
+                   "instead of --dataset-size × --seq-len; --seq-len, if given, is the longest a sample may be.")
+@click.option("--text-field", default=None, help="With --dataset: the text field.  [default: text, or messages]")
+@click.option("--ids-field", default=None, help="With --dataset: a field of token ids, counted as they are.")
+@click.option("--tokenizer", type=click.Path(path_type=Path), default=None,
+              help="With --dataset: a local tokenizer folder or tokenizer.json; without it, tokens are estimated "
+                   "from characters.")
+@click.option("--batching", "batching_strategy", type=click.Choice(STRATEGIES), default="dynamic", show_default=True,
+              help="With --dataset: pad every sample to the longest, dynamic padding in random order, "
+                   "group_by_length, or packing into rows of --pack-length.")
+@click.option("--pack-length", type=click.IntRange(min=1), default=None,
+              help="With --batching pack: tokens per packed row.  [default: --seq-len]")
+@click.option("--global-batch", type=click.IntRange(min=1), default=None,
+              help="With --dataset: samples (packed rows) per optimizer step; the plan splits it into micro-batch × "
+                   "gradient accumulation × GPUs.")
+@click.option("--too-long", type=click.Choice(TOO_LONG), default="truncate", show_default=True,
+              help="With --dataset: what to do with samples longer than --seq-len (or --pack-length).")
 def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name: str, gpu_specs: Path | None,
             gpus: str, gpus_per_node: int, intra_node_bandwidth: str | None, inter_node_bandwidth: str | None,
             price_per_hour: float | None, max_hours: float | None, by: str, training: str,
             lora_ranks: tuple[int, ...], precision: str | None, safety_margin: float | None, context_reserve_gib: float,
             host_memory_gib: float | None, calibrations: tuple[Path, ...], as_json: bool, show_all: bool,
-            emit: Path | None, force: bool) -> None:
+            emit: Path | None, force: bool, dataset: Path | None = None, text_field: str | None = None,
+            ids_field: str | None = None, tokenizer: Path | None = None, batching_strategy: str = "dynamic",
+            pack_length: int | None = None, global_batch: int | None = None, too_long: str = "truncate") -> None:
     """Which setup finishes fastest (or cheapest) on this GPU, with its largest safe batch, ETA and cost;
     with several GPU counts, how full and LoRA fine-tuning scale and which count to use."""
     load_architecture(model)  # an unknown model fails here, with close names, before any fitting
+    if dataset is None and dataset_size is None:
+        raise click.UsageError("Missing option '--dataset-size' (or --dataset, to plan from its token lengths)")
+    seq_len_given = click.get_current_context().get_parameter_source("seq_len") != ParameterSource.DEFAULT
+    if dataset is not None:
+        dataset_size = dataset_size or 1  # replaced by the dataset's own rows
     counts = parse_gpu_counts(gpus)
     base = Setting(model=model, seq_len=seq_len)
     catalog = load_catalog(gpu_specs)
@@ -96,10 +124,20 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
                           price_per_gpu_hour=price_per_hour, max_hours=max_hours, by=by, training=training,
                           lora_ranks=lora_ranks, host_memory_gib=host_memory_gib, precision=precision)
     extra, failed = evidence.calibrated_settings(model), evidence.failed_trials(model)
+    dataset_plan, dataset_lines = None, []
+    if dataset is not None and len(parse_gpu_counts(gpus)) > 1:
+        raise FtplanError("--dataset plans one GPU count at a time; give --gpus N")
     scaling = None
     if len(counts) == 1:
         per_node, nodes = node_layout(counts[0], gpus_per_node)
         plan = make_plan(predictor, replace(request, base=base.with_(gpus=per_node, nodes=nodes)), extra)
+        if dataset is not None:
+            options = DatasetOptions(batching_strategy, pack_length or (seq_len if batching_strategy == "pack" else None),
+                                     seq_len if seq_len_given else None, too_long, global_batch)
+            dataset_plan, dataset_lines = plan_dataset_file(
+                predictor, replace(request, base=base.with_(gpus=per_node, nodes=nodes)), dataset, options,
+                text_field, ids_field, tokenizer, extra)
+            plan = dataset_plan.plan
     else:
         scaling = plan_gpu_counts(predictor, request, counts, gpus_per_node, extra)
         plan = scaling.plan
@@ -110,7 +148,9 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
                                "inputs": [{"path": str(i.path), "records": i.records,
                                            "from_training_runs": i.from_training_runs} for i in evidence.inputs],
                                "links": {**links.__dict__, "description": links_text},
-                               "scaling": scaling_to_dict(scaling) if scaling else None}, indent=2))
+                               "scaling": scaling_to_dict(scaling) if scaling else None,
+                               **({"dataset": dataset_plan_to_dict(dataset_plan, dataset_lines)} if dataset_plan else {})},
+                              indent=2))
     else:
         console = make_console()
         console.print(evidence.describe())
@@ -118,6 +158,8 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
             console.print(links_text)
         if scaling is not None:
             print_scaling(scaling, console, failed)
+        for line in dataset_lines:
+            console.print(line)
         if plan is not None:
             print_plan(plan, console, failed, show_all)
     if emit is not None:
