@@ -120,6 +120,9 @@ def plan_to_dict(plan: Plan, failed: dict[Setting, str] | None = None) -> dict:
         "over_max_hours": [setup_to_dict(s, failed) for s in plan.too_slow],
         "cannot_fit": [setup_to_dict(s, failed) for s in plan.unfit],
         "recommendation": setup_to_dict(rec, failed) if rec else None,
+        "best_by_training": [{"training": o.kind, "setup": setup_to_dict(o.setup, failed),
+                              "trainable_params": o.trainable_params, "trades": o.trade}
+                             for o in advice.training_options(plan)],
         "reasons": advice.reasons(plan),
         "warnings": advice.warnings_for(plan),
         "notes": advice.notes_for(plan),
@@ -354,7 +357,7 @@ def scaling_table(scaling: ScalingPlan, failed: dict[Setting, str]) -> Table:
                   **COMPACT)
     for name in ("GPUs", "best setup", "batch", "GiB/GPU\n(upper)", "s/step", "samples\n/s",
                  "speed-\nup", "effic.", "ETA\nh:mm", "cost" if priced else "GPU-h", "evidence"):
-        wraps = name in ("best setup", "evidence")
+        wraps = name in ("GPUs", "best setup", "evidence")  # '16 (2×8)' may break before its layout
         table.add_column(name, no_wrap=not wraps, justify="left" if wraps else "right", overflow="fold")
     chosen = scaling.chosen
     for kind, rows in scaling.tables.items():
