@@ -1,0 +1,173 @@
+"""Issue 17's fault list, tried again in one run: for each fault, does ftplan hold?
+
+Most faults need an injection a user cannot make from a shell (a disk that fills mid-write, an OOM
+the training loop catches, a rank killed at a chosen moment), so they are tried by the tests that
+pin them, run here in one pytest session; the rest are tried as a user would meet them, through the
+`ftplan` command. A fault holds when every one of its tries passes. CPU only: the tiny model and
+the fake trial.
+
+    python benchmarks/faults.py
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ONE_GPU_PLAN = ("plan", "--model", "llama-3.2-1b", "--dataset-size", "1000", "--gpu", "H200")
+ETA = ("eta", "--model", "llama-3.2-1b", "--gpu", "H200", "--batch-size", "4", "--dataset-size", "1000")
+
+
+def ftplan(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ftplan", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+
+
+def refused_in_one_line(*args: str) -> str | None:
+    """None when ftplan refuses the command with one error line; else what it did instead."""
+    done = ftplan(*args)
+    if "Traceback" in done.stderr:
+        return f"traceback: {done.stderr.strip().splitlines()[-1][:120]}"
+    if done.returncode == 0:
+        return "accepted"
+    return None if len(done.stderr.strip().splitlines()) == 1 else "more than one error line"
+
+
+def huge_card_specs() -> str:
+    """A GPU catalog file whose one card claims 1e308 GiB."""
+    header = (REPO / "ftplan" / "data" / "gpus.csv").read_text().splitlines()[0]
+    path = Path(tempfile.mkdtemp(prefix="ftplan-faults-")) / "specs.csv"
+    path.write_text(f"{header}\nHUGE,,1e308,989,4800,450,NVLink,fault list,,\n")
+    return str(path)
+
+
+def speedup_beyond_the_samples() -> str | None:
+    """1,000 samples cannot be trained more than 1,000 times faster, however many GPUs there are."""
+    done = ftplan(*ONE_GPU_PLAN, "--gpus", "1..100000", "--json")
+    if done.returncode != 0:
+        return refused_in_one_line(*ONE_GPU_PLAN, "--gpus", "1..100000")
+    tables = json.loads(done.stdout)["scaling"]["tables"].values()
+    fastest = max(row["speedup"] for rows in tables for row in rows)
+    return f"{fastest:.1f}x speed-up shown" if fastest > 1000 else None
+
+
+@dataclass(frozen=True)
+class Fault:
+    number: int
+    what: str
+    tests: tuple[str, ...] = ()  # pytest node ids (a parametrised test counts with all its cases)
+    probes: tuple[tuple[str, Callable[[], str | None]], ...] = ()  # (what, None when held, else what broke)
+
+
+R2 = "tests/test_reliability_round2_"
+CALLBACK = f"{R2}callback.py::test_"
+HOSTILE = f"{R2}hostile_records.py::test_"
+FAULTS = (
+    Fault(1, "two calibrations of one file run each trial once", (f"{R2}claims.py",)),
+    Fault(2, "a new host name resumes instead of re-running", (f"{R2}machine_id.py",)),
+    Fault(3, "a full disk: no torn record, one line, exit non-zero", (f"{R2}disk_full.py",)),
+    Fault(4, "an OOM the user's code caught is recorded oom", (
+        f"{CALLBACK}an_oom_counted_by_the_cuda_allocator_makes_the_record_oom_though_training_went_on",
+        f"{CALLBACK}an_oom_the_training_loop_caught_and_skipped_makes_the_record_oom",
+        f"{CALLBACK}an_oom_caught_around_train_then_the_process_exiting_is_recorded_oom_not_ok")),
+    Fault(5, "callback failing on 1 of 2 ranks, then a collective", (
+        f"{CALLBACK}the_callback_uses_no_collective",
+        f"{CALLBACK}a_callback_failing_on_one_of_two_ranks_does_not_hang_the_users_next_collective",
+        f"{CALLBACK}a_failure_inside_the_callback_at_a_step_is_reported_and_training_goes_on",
+        f"{CALLBACK}an_unwritable_output_never_raises_into_training")),
+    Fault(6, "fit caches keyed on content, catalog; edits refitted", (
+        "tests/test_plan_gpus.py::test_fit_cache_returns_the_same_predictor_refits_on_any_change_and_never_trusts_an_edited_file",)),
+    Fault(7, "deep nesting, huge ints, bad network records, absurd values", (
+        f"{HOSTILE}a_hostile_trial_line_is_a_warning_naming_file_and_line",
+        f"{HOSTILE}a_hostile_network_record_is_a_warning_not_a_type_error_in_every_plan")),
+    Fault(8, "/dev/zero or a huge junk file: bounded memory and warnings", (
+        f"{HOSTILE}a_line_longer_than_the_limit_is_skipped_without_being_held_in_memory",
+        f"{HOSTILE}warnings_are_summarised_after_a_few_per_file",
+        f"{HOSTILE}a_device_such_as_dev_zero_is_refused_in_one_line")),
+    Fault(9, "broken config.json: one clear error", (f"{R2}architecture.py",)),
+    Fault(10, "absurd numbers: refused with the limit, no overflow", probes=(
+        ("eta --epochs 1e308", lambda: refused_in_one_line(*ETA, "--epochs", "1e308")),
+        ("eta --dataset-size of 400 digits", lambda: refused_in_one_line(*ETA, "--dataset-size", "9" * 400)),
+        ("eta --dataset-size of 20 digits", lambda: refused_in_one_line(*ETA, "--dataset-size", "9" * 20)),
+        ("plan on a 1e308 GiB card", lambda: refused_in_one_line("plan", "--model", "llama-3.2-1b", "--dataset-size",
+                                                                 "1000", "--gpu", "HUGE", "--gpu-specs", huge_card_specs())),
+        ("plan --gpus 1..100000 for 1,000 samples", speedup_beyond_the_samples))),
+    Fault(11, "--emit: user files, symlinks, stale files, copied folder", (f"{R2}emit.py",)),
+    Fault(12, "kill -9 of calibrate ends a rank's own children", (f"{R2}process_group.py",)),
+    Fault(13, "LC_ALL=C or latin-1 output: ASCII, no traceback", (f"{R2}encoding.py",)),
+    Fault(14, "control and bidi characters escaped in warnings", (
+        f"{HOSTILE}control_and_bidi_characters_from_a_file_are_escaped_in_warnings",
+        f"{HOSTILE}the_cli_escapes_control_and_bidi_characters_in_every_warning")),
+    Fault(15, "no CUDA: refused up front; Liger skipped on a CPU", (f"{R2}device.py",)),
+)
+
+
+class Outcomes:
+    """A pytest plugin keeping each test's outcome: failed if any phase failed."""
+
+    def __init__(self) -> None:
+        self.by_test: dict[str, str] = {}
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.failed or report.nodeid not in self.by_test:
+            self.by_test[report.nodeid] = report.outcome
+
+    def of(self, node: str) -> list[str]:
+        """Outcomes of the tests under a node id: a file, a test, or every case of a parametrised test."""
+        return [o for test, o in self.by_test.items() if _under(test, node)]
+
+    def failed(self, node: str) -> list[str]:
+        return [test for test, o in self.by_test.items() if _under(test, node) and o == "failed"]
+
+
+def _under(test: str, node: str) -> bool:
+    return test == node or test.startswith((f"{node}::", f"{node}["))
+
+
+def run_tests(faults: tuple[Fault, ...]) -> Outcomes:
+    outcomes = Outcomes()
+    nodes = sorted({node for fault in faults for node in fault.tests})
+    os.chdir(REPO)  # the project's pytest settings (import mode, pythonpath) apply from its root
+    with contextlib.redirect_stdout(io.StringIO()):  # the table is the report; `pytest NODE` shows a failure
+        pytest.main([*nodes, "-q", "-p", "no:cacheprovider"], plugins=[outcomes])
+    return outcomes
+
+
+def verdict(fault: Fault, outcomes: Outcomes) -> tuple[bool, str]:
+    """(held, what was tried and what broke): held when nothing broke and at least one try really ran."""
+    results = [o for node in fault.tests for o in outcomes.of(node)]
+    failed = [test for node in fault.tests for test in outcomes.failed(node)]
+    broken = [f"failed: {', '.join(failed)}"] if failed else []
+    broken += [f"{what}: {problem}" for what, probe in fault.probes if (problem := probe()) is not None]
+    tried = f"{len(results)} test(s)" if fault.tests else f"{len(fault.probes)} command(s)"
+    skipped = results.count("skipped")
+    tried += f", {skipped} skipped" if skipped else ""
+    ran = len(results) - skipped + len(fault.probes)
+    return ran > 0 and not broken, "; ".join([tried, *broken])
+
+
+def main() -> int:
+    outcomes = run_tests(FAULTS)
+    rows = [(fault, *verdict(fault, outcomes)) for fault in FAULTS]
+    width = max(len(f.what) for f in FAULTS)
+    print(f"|  # | {'fault':<{width}} | held | tried |")  # a Markdown table, as the README shows it
+    print(f"|---:|-{'-' * width}-|------|-------|")
+    for fault, held, note in rows:
+        print(f"| {fault.number:>2} | {fault.what:<{width}} | {'yes' if held else 'NO':<4} | {note} |")
+    print(f"\nfaults tried / held: {len(rows)} / {sum(held for _, held, _ in rows)}")
+    return 0 if all(held for _, held, _ in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
