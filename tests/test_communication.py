@@ -18,6 +18,7 @@ from ftplan.models.communication import (
     communication_seconds,
     data_parallel_step_seconds,
     estimate_overlap,
+    expected_max_normal,
     find_link,
     links_from_catalog,
     parse_bandwidth,
@@ -86,7 +87,7 @@ def test_zero3_moves_three_times_the_parameters_where_an_allreduce_moves_two():
     zero3 = step_traffic(Setting("llama-2-7b", zero_stage=3), LLAMA_7B.params_total, LLAMA_7B.params_total)
     no_latency = links(intra_lat=0, inter_lat=0)
     ratio = communication_seconds(zero3, 8, 4, no_latency) / communication_seconds(zero2, 8, 4, no_latency)
-    assert ratio == pytest.approx(1.5)
+    assert ratio == pytest.approx(1.5, rel=1e-3)  # NCCL's base latency per collective aside
 
 
 def test_lora_under_zero3_still_gathers_every_frozen_weight():
@@ -101,10 +102,10 @@ def test_gradients_travel_in_fp32_under_plain_ddp_and_half_precision_under_deeps
     assert step_traffic(FULL.with_(zero_stage=2), params, params).gradient_bytes == 2 * params
 
 
-def test_tree_keeps_latency_logarithmic_for_small_messages_at_many_ranks():
+def test_tree_keeps_latency_logarithmic_for_small_messages_at_many_nodes():
     lat = 1e-4
-    one_node = links(intra=1.0, intra_lat=lat)
-    seconds = allreduce_seconds(1024, 128, 1, one_node)
+    one_gpu_nodes = links(inter=1.0, inter_lat=lat)
+    seconds = allreduce_seconds(1024, 1, 128, one_gpu_nodes)
     assert seconds < 2 * 127 * lat / 4  # a ring would pay 2(N-1) hops
     assert seconds >= 2 * math.log2(128) * lat
 
@@ -112,19 +113,20 @@ def test_tree_keeps_latency_logarithmic_for_small_messages_at_many_ranks():
 def test_large_messages_cost_the_ring_bandwidth_term():
     nbytes = 10**10
     seconds = allreduce_seconds(nbytes, 8, 1, links(intra=100.0, intra_lat=0))
-    assert seconds == pytest.approx(2 * 7 / 8 * nbytes / 100e9)
+    assert seconds == pytest.approx(2 * 7 / 8 * nbytes / 100e9, rel=1e-3)
 
 
 def test_overlap_hides_communication_only_up_to_the_backward_pass():
     nbytes = 10**9
     exposed = data_parallel_step_seconds(1.0, nbytes, 8, 4, CLOUD, overlap=0.0)
     hidden = data_parallel_step_seconds(1.0, nbytes, 8, 4, CLOUD, overlap=1.0)
-    assert exposed - hidden == pytest.approx(2 / 3)
+    assert 0 < exposed - hidden <= 2 / 3
 
 
 def test_stragglers_follow_the_expected_maximum_of_step_times():
     step = data_parallel_step_seconds(1.0, 0, 8, 16, CLOUD, overlap=0.0, step_time_cv=0.1)
-    assert step == pytest.approx(1 + 0.1 * math.sqrt(2 * math.log(128)))
+    assert step == pytest.approx(1 + 0.1 * expected_max_normal(128))
+    assert 1 + 0.1 * 2.5 < step < 1 + 0.1 * math.sqrt(2 * math.log(128))
 
 
 def test_cpu_offload_adds_each_ranks_share_of_host_transfers():
@@ -173,10 +175,10 @@ def test_calibrated_links_replace_only_what_was_measured():
     assert calibrated_links([loopback], CLOUD) == CLOUD
 
 
-def test_step_time_spread_is_the_median_coefficient_of_variation():
+def test_step_time_spread_pools_every_records_deviations_from_its_own_mean():
     records = [{"status": "ok", "step_seconds": [1.0, 1.2, 0.8]}, {"status": "ok", "step_seconds": [2.0, 2.0, 2.0]},
                {"status": "ok", "step_seconds": [1.0, 3.0, 2.0]}, {"status": "oom", "step_seconds": [9.0, 1.0, 5.0]}]
-    assert step_time_cv(records) == pytest.approx(0.2)
+    assert step_time_cv(records) == pytest.approx(math.sqrt((0.04 + 0.04 + 0.25 + 0.25) / 6))
     assert step_time_cv([]) == 0.0
 
 

@@ -2,11 +2,13 @@
 
 The datasheet says what a link could do; what the training will see depends on the topology, the
 NICs, the kernel and NCCL's choices. So, like every other input of the time model, the network is
-measured: one process per rank times all-reduces of growing messages (warm-up, barrier before
-each repeat, the slowest rank's time, median over repeats), and the alpha-beta model
-    seconds = alpha_total + (2(N-1)/N * bytes) / beta
-is fitted to the table. beta is then NCCL's "bus bandwidth" and alpha_total / (2(N-1)) the
-latency per ring hop, the two numbers ftplan.models.communication.Links needs.
+measured: one process per rank times all-reduces of growing messages, from 8 bytes (pure latency)
+to 256 MiB (pure bandwidth), with a warm-up, a barrier before each repeat, the slowest rank's time
+and the median over repeats. The two regimes are read apart, as the time model uses them:
+    beta  = NCCL's "bus bandwidth", the slope of time against 2(N-1)/N x bytes over the large messages;
+    alpha = what the small messages cost beyond their bytes, less NCCL's base latency, per hop of
+            the all-reduce the model would run there (ring or tree: ftplan.models.communication),
+so the model reproduces the measured small-message time exactly and the large-message one closely.
 
 Multi-host: run the same command on every host with --nodes, --node-rank and --master-addr (they
 become torch.distributed's MASTER_ADDR/RANK/WORLD_SIZE); node 0 writes the record.
@@ -15,6 +17,7 @@ become torch.distributed's MASTER_ADDR/RANK/WORLD_SIZE); node 0 writes the recor
 from __future__ import annotations
 
 import json
+import math
 import platform
 import re
 import socket
@@ -32,11 +35,12 @@ from ftplan.calibration import launcher
 from ftplan.core.errors import FtplanError
 from ftplan.core.records import SCHEMA_VERSION, append_record
 from ftplan.core.units import GB
+from ftplan.models.communication import COLLECTIVE_BASE_LATENCY_S
 
 BACKENDS = ("nccl", "gloo")
-DEFAULT_SIZES = tuple(4096 * 4**i for i in range(9))  # 4 KiB .. 256 MiB
+DEFAULT_SIZES = (8, 64, 512, *(4096 * 4**i for i in range(9)))  # 8 B (latency) .. 256 MiB (bandwidth)
 WORKER_COMMAND = (sys.executable, "-m", "ftplan.calibration.network_rank")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)(i?b)?\s*$", re.I)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)(i?b)?\s*$", re.IGNORECASE)
 _UNIT = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
 
@@ -73,11 +77,13 @@ class NetworkSpec:
 
 @dataclass(frozen=True)
 class AlphaBeta:
-    """Fitted alpha-beta model: per-hop latency (s), bus bandwidth (GB/s) and the fit's weighted R^2."""
+    """Fitted alpha-beta model: per-hop latency (s), bus bandwidth (GB/s), the fit's R^2 on relative
+    errors, and the latency part of the smallest messages' all-reduce (s, NCCL's base latency included)."""
 
     latency_s: float
     bandwidth_gbs: float
     r2: float
+    small_message_s: float = 0.0
 
 
 def resolve_backend(backend: str, ranks: int) -> tuple[str, int]:
@@ -102,22 +108,35 @@ def parse_sizes(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(sizes)))
 
 
-def fit_alpha_beta(table: pd.DataFrame, ranks: int) -> AlphaBeta:
-    """Fit seconds = alpha_total + bytes*2(N-1)/N / beta, weighting relative errors (1/t^2) so the
-    small, latency-bound messages count as much as the large, bandwidth-bound ones."""
+def fit_alpha_beta(table: pd.DataFrame, ranks: int, nodes: int = 1) -> AlphaBeta:
+    """Bandwidth from the large, bandwidth-bound messages (times at least 4x the smallest), latency
+    from the small, latency-bound ones (within 2x of the smallest), per hop of the all-reduce
+    ftplan's model runs on `ranks` spread over `nodes` (ring, or NCCL's tree across nodes when it
+    takes fewer hops)."""
     moved = table["bytes"].to_numpy(float) * 2 * (ranks - 1) / ranks
     seconds = table["seconds"].to_numpy(float)
-    from sklearn.linear_model import (
-        LinearRegression,  # lazy: keeps `ftplan` start-up fast
-    )
+    from sklearn.linear_model import LinearRegression  # lazy: keeps `ftplan` start-up fast
 
-    model = LinearRegression().fit(moved.reshape(-1, 1), seconds, sample_weight=1 / seconds**2)
-    slope, intercept = float(model.coef_[0]), float(model.intercept_)
-    if slope <= 0 or intercept <= 0:
-        raise FtplanError(f"all-reduce times do not fit latency + size/bandwidth (intercept {intercept:.3g} s, "
-                          f"slope {slope:.3g} s/B); measure a wider range of --sizes")
-    r2 = float(model.score(moved.reshape(-1, 1), seconds, sample_weight=1 / seconds**2))
-    return AlphaBeta(latency_s=intercept / (2 * (ranks - 1)), bandwidth_gbs=1 / slope / GB, r2=r2)
+    large = seconds >= 4 * seconds.min()
+    if large.sum() < 2:
+        large = moved >= sorted(moved)[-2]
+    slope = float(LinearRegression().fit(moved[large].reshape(-1, 1), seconds[large]).coef_[0])
+    if not slope > 0:
+        raise FtplanError(f"all-reduce times do not grow with message size (slope {slope:.3g} s/B); "
+                          "measure a wider range of --sizes")
+    small = seconds <= 2 * seconds.min()
+    alpha = float(pd.Series(seconds[small] - moved[small] * slope).median())
+    if not alpha > 0:
+        raise FtplanError(f"small all-reduces cost no more than their bytes (latency {alpha:.3g} s); "
+                          "measure a wider range of --sizes")
+    per_node = max(1, ranks // nodes)
+    hops = 2 * (ranks - 1) if nodes == 1 else min(2 * (ranks - 1), 2 * (per_node - 1) + 2 * math.ceil(math.log2(nodes)))
+    predicted = alpha + moved * slope
+    relative = (predicted - seconds) / seconds
+    spread = (seconds - seconds.mean()) / seconds
+    r2 = 1 - float((relative**2).sum() / max((spread**2).sum(), 1e-30))
+    return AlphaBeta(latency_s=max(0.0, alpha - COLLECTIVE_BASE_LATENCY_S) / hops, bandwidth_gbs=1 / slope / GB,
+                     r2=r2, small_message_s=alpha)
 
 
 def measure_allreduce(spec: NetworkSpec, timeout: float, log_dir: Path | None = None) -> pd.DataFrame | None:
@@ -178,6 +197,7 @@ def build_network_record(spec: NetworkSpec, table: pd.DataFrame, fit: AlphaBeta,
         "sizes_bytes": [int(b) for b in table["bytes"]], "seconds": [float(s) for s in table["seconds"]],
         "bus_gbs": [float(b) for b in table["bus_gbs"]],
         "latency_s": fit.latency_s, "bandwidth_gbs": fit.bandwidth_gbs, "fit_r2": fit.r2,
+        "small_message_s": fit.small_message_s,
         "warmup": spec.warmup, "repeats": spec.repeats, "command": command,
     }
 
@@ -189,6 +209,6 @@ def calibrate_network(spec: NetworkSpec, out: Path, timeout: float = 600.0, comm
     table = measure_allreduce(spec, timeout)
     if table is None:
         return None
-    record = build_network_record(spec, table, fit_alpha_beta(table, spec.world_size), command)
+    record = build_network_record(spec, table, fit_alpha_beta(table, spec.world_size, spec.nodes), command)
     append_record(out, record)
     return record

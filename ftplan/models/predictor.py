@@ -22,15 +22,17 @@ from ftplan.core.architecture import cached_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import GpuSpec, find_gpu, load_catalog
 from ftplan.core.settings import Setting
+from ftplan.models.bytes_per_param import same_state_optimizers
 from ftplan.models.communication import (
+    DEFAULT_BACKWARD_FRACTION,
     Links,
     data_parallel_step_seconds,
+    describe_layout,
     estimate_overlap,
     links_from_catalog,
     step_time_cv,
     step_traffic,
 )
-from ftplan.models.bytes_per_param import same_state_optimizers
 from ftplan.models.fit import SettingFit
 from ftplan.models.fitset import FitSet, fit_records
 from ftplan.models.prediction import (
@@ -243,22 +245,33 @@ class Predictor:
         return self._catalog_links[gpu.interconnect]
 
     def _with_communication(self, setting: Setting, gpu: GpuSpec, seconds: Estimate, prior: PriorEstimate) -> Estimate:
+        """One GPU's step plus what data parallelism adds: the slowest rank, exposed collectives, offload
+        transfers. Backward, behind which gradient buckets hide, is its share of the compute (not of the
+        optimizer step or the per-step overhead)."""
         arch = cached_architecture(setting.model)
         traffic = step_traffic(setting, arch.params_total, arch.trainable_params(setting.lora_rank, setting.lora_targets))
         links = self._links_for(gpu)
         if links not in self._overlaps:
             self._overlaps[links] = estimate_overlap(self._records, links).overlap
-        overlap, cv = self._overlaps[links], self._step_time_cv
+        overlap, cv = self._overlaps[links], self._cv(links)
+        compute_share = prior.compute_seconds / prior.seconds_per_step if prior.seconds_per_step > 0 else 1.0
 
         def total(compute: float) -> float:
             return data_parallel_step_seconds(compute, traffic.gradient_bytes, setting.gpus, setting.nodes, links,
-                                              overlap, cv, gathered_parameter_bytes=traffic.gathered_parameter_bytes,
+                                              overlap, cv, DEFAULT_BACKWARD_FRACTION * compute_share,
+                                              gathered_parameter_bytes=traffic.gathered_parameter_bytes,
                                               offloaded_bytes=traffic.offloaded_bytes)
         return Estimate(total(seconds.mean), total(seconds.upper))
 
+    def _cv(self, links: Links) -> float:
+        """The cluster's step-time spread when the user gave one, else the calibration records' own."""
+        return links.step_time_cv if links.step_time_cv is not None else self._step_time_cv
+
     def _communication_note(self, setting: Setting) -> str:
-        where = f"{setting.gpus} GPUs x {setting.nodes} nodes" if setting.nodes > 1 else f"{setting.gpus} GPUs"
-        return f"step time adds modelled gradient communication over {where}"
+        where = describe_layout(setting.gpus, setting.nodes)
+        cv = self._links.step_time_cv if self._links is not None and self._links.step_time_cv is not None else self._step_time_cv
+        return (f"step time adds modelled communication over {where} (ring or tree all-reduce in DDP's 25 MB "
+                f"buckets behind backward) and waits for the slowest rank (step-time spread cv {cv:.3g})")
 
 
 ALL_MODELS = ""  # the key of the constants learned from every record

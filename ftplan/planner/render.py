@@ -14,11 +14,12 @@ from rich.table import Column, Table
 from ftplan.core.hardware import GpuSpec, aliases_of
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
+from ftplan.models.communication import describe_layout
 from ftplan.models.prediction import Estimate, Prediction
 from ftplan.models.safe_batch import MemoryBudget
 from ftplan.planner import advice
 from ftplan.planner.eta import Eta, format_duration
-from ftplan.planner.gpu_counts import KINDS, ScalingPlan
+from ftplan.planner.gpu_counts import KINDS, UNCHECKED, ScalingPlan
 from ftplan.planner.search import Plan, SetupPlan
 
 SOURCE_STYLE = {"measured": "green", "interpolated": "green", "extrapolated": "yellow"}  # anything else: red
@@ -367,14 +368,20 @@ def scaling_table(scaling: ScalingPlan, failed: dict[Setting, str]) -> Table:
             if advice.failed_like(Setting.from_dict(row["setting"]), failed):
                 source = "prior: trial failed"
             spend = row["cost"] if priced else row["hours"] * row["gpus"]
-            table.add_row(("→" if bold else "") + str(row["gpus"]), _short_label(row["setup"], request.base.seq_len),
+            table.add_row(("→" if bold else "") + _gpus_cell(row), _short_label(row["setup"], request.base.seq_len),
                           str(row["micro_batch"]), f"{row['reserved_gib']:.1f} ({row['reserved_upper_gib']:.1f})",
                           f"{row['seconds_per_step']:.2f}", f"{row['samples_per_second']:.1f}",
                           _number(row["speedup"], ".1f") + ("" if math.isnan(row["speedup"]) else "x"),
-                          _number(row["efficiency"], ".0%"), format_duration(row["hours"] * 3600),
+                          _number(row["efficiency"], ".0%") + ("*" if row.get("above_ideal") else ""),
+                          format_duration(row["hours"] * 3600),
                           f"{spend:,.2f}", _source_cell(source), style="bold" if bold else None)
         table.add_section()
     return table
+
+
+def _gpus_cell(row: dict) -> str:
+    """'16 (2×8)': GPUs in all, and over how many nodes of how many when more than one."""
+    return str(row["gpus"]) + (f" ({row['nodes']}×{row['gpus_per_node']})" if row["nodes"] > 1 else "")
 
 
 def scaling_to_dict(scaling: ScalingPlan) -> dict:
@@ -393,8 +400,14 @@ def scaling_to_dict(scaling: ScalingPlan) -> dict:
 
 def print_scaling(scaling: ScalingPlan, console: Console, failed: dict[Setting, str]) -> None:
     print_table(console, scaling_table(scaling, failed))
-    console.print("Speed-up and efficiency: samples/s against the best setup of the same training on one GPU "
-                  "(above 1 when more GPUs let a larger batch or a setup without offload fit).")
+    console.print("GPUs: in all, (nodes × GPUs per node) when several nodes. Speed-up and efficiency: samples/s "
+                  "against the best setup of the same training on one GPU.")
+    for kind, rows in scaling.tables.items():
+        for row in rows.to_dict("records"):
+            if row.get("above_ideal"):
+                console.print(f"* {KINDS[kind]} at {row['gpus']} GPUs, efficiency {row['efficiency']:.0%}: "
+                              f"{row['above_ideal']}.")
+    console.print(f"[yellow]unchecked:[/] {UNCHECKED}")
     for count in scaling.counts:
         if count.error:
             console.print(f"{count.gpus} GPUs: {count.error}")
@@ -402,6 +415,6 @@ def print_scaling(scaling: ScalingPlan, console: Console, failed: dict[Setting, 
     if chosen is None:
         console.print(f"[yellow]warning:[/] {scaling.reason}")
         return
-    where = f"{chosen.gpus_per_node} GPUs × {chosen.nodes} nodes" if chosen.nodes > 1 else f"{chosen.gpus} GPU(s), one node"
+    where = describe_layout(chosen.gpus_per_node, chosen.nodes).split(": ", 1)[1]
     console.print(f"\n[bold]GPU count: {chosen.gpus} ({where}), {KINDS[scaling.chosen_kind]}[/], because {scaling.reason}. "
                   f"Setups at {chosen.gpus} GPUs:")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -18,6 +19,7 @@ from ftplan.models.communication import (
     DEFAULT_OVERLAP,
     Links,
     data_parallel_step_seconds,
+    step_time_cv,
 )
 
 _RANGE = re.compile(r"^(\d+)\.\.(\d+)$")
@@ -43,10 +45,36 @@ def parse_gpu_counts(text: str) -> list[int]:
 
 
 def node_layout(gpus: int, gpus_per_node: int) -> tuple[int, int]:
-    """(GPUs per node, nodes): as few nodes as possible, GPUs spread evenly (a ragged last node is
-    counted as full, which can only overestimate the time)."""
+    """(GPUs per node, nodes) for `gpus` GPUs in all: as few nodes of at most gpus_per_node GPUs as
+    hold them evenly (9 GPUs at 8 per node: 3 nodes of 3), since every node runs the same ranks."""
+    if gpus < 1 or gpus_per_node < 1:
+        raise FtplanError(f"GPU counts must be positive, got {gpus} GPUs at {gpus_per_node} per node")
     nodes = math.ceil(gpus / gpus_per_node)
-    return math.ceil(gpus / nodes), nodes
+    while gpus % nodes:
+        nodes += 1
+    return gpus // nodes, nodes
+
+
+def fixed_layout(gpus: int, nodes: int) -> tuple[int, int]:
+    """(GPUs per node, nodes) when the user names the node count: the GPUs must split evenly."""
+    if gpus % nodes:
+        raise FtplanError(f"{gpus} GPUs do not split evenly over {nodes} nodes; --gpus counts GPUs in all")
+    return gpus // nodes, nodes
+
+
+def with_step_time_cv(links: Links, cv: float | None, records: list[dict]) -> tuple[Links, str]:
+    """The links carrying the cluster's step-time spread, and a sentence saying where it came from:
+    --step-time-cv when given, else the pooled spread of the calibration records' timed steps."""
+    if cv is not None:
+        return replace(links, step_time_cv=cv), f"Step-time spread: cv {cv:g} (--step-time-cv)."
+    timed = sum(1 for r in records if r.get("status") == "ok" and len(r.get("step_seconds") or []) >= 3)
+    measured = step_time_cv(records)
+    if not timed:
+        return replace(links, step_time_cv=0.0), ("Step-time spread: none assumed (no calibration record times "
+                                                  "several steps; --step-time-cv sets your cluster's).")
+    return replace(links, step_time_cv=measured), (
+        f"Step-time spread: cv {measured:.3g}, pooled over {timed} calibration records (a dedicated GPU; shared cloud "
+        "instances vary more: --step-time-cv sets yours).")
 
 
 def scaling_table(single_gpu_seconds: float, gradient_bytes: int, micro_batch: int, gpu_counts: list[int],
@@ -71,7 +99,8 @@ def scaling_table(single_gpu_seconds: float, gradient_bytes: int, micro_batch: i
     for gpus in sorted(set(gpu_counts)):
         seconds = step(gpus)
         rate = micro_batch * gpus / seconds
-        rows.append({"gpus": gpus, "nodes": node_layout(gpus, gpus_per_node)[1], "samples_per_step": micro_batch * gpus,
+        per_node, nodes = node_layout(gpus, gpus_per_node)
+        rows.append({"gpus": gpus, "gpus_per_node": per_node, "nodes": nodes, "samples_per_step": micro_batch * gpus,
                      "seconds_per_step": seconds, "samples_per_second": rate,
                      "speedup": rate / one_gpu_rate, "efficiency": rate / one_gpu_rate / gpus})
     return pd.DataFrame(rows)
@@ -105,10 +134,10 @@ def choose_gpu_count(table: pd.DataFrame, dataset_size: int, epochs: float, pric
 
 def plot_scaling(tables: dict[str, pd.DataFrame], path: Path) -> Path:
     """Speed-up and efficiency against GPU count, one line per table (e.g. 'full', 'LoRA r16')."""
-    import matplotlib  # noqa: PLC0415 - plotting is optional at import time
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     figure, (speed, efficiency) = plt.subplots(1, 2, figsize=(11, 4.2))
     counts = sorted({g for t in tables.values() for g in t["gpus"]})

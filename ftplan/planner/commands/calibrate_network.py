@@ -33,7 +33,8 @@ def _sizes(_ctx, _param, value: str | None) -> tuple[int, ...]:
               help="Processes on this host; use 1 per host to measure the network between hosts.  "
                    "[default: every GPU with NCCL, else 2]")
 @click.option("--sizes", callback=_sizes, default=None,
-              help="Comma-separated message sizes, e.g. 4K,1M,64M.  [default: 4K to 256M, x4 steps]")
+              help="Comma-separated message sizes, e.g. 8,4K,1M,64M; small ones time latency, large ones bandwidth.  "
+                   "[default: 8, 64, 512 bytes, then 4K to 256M in x4 steps]")
 @click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True, help="Timed all-reduces per size.")
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -63,8 +64,9 @@ def command(backend: str, ranks: int, sizes: tuple[int, ...], repeats: int, warm
         console.print(f"node {node_rank} done; node 0 writes the record")
         return
     console.print(network_table(record))
-    console.print(f"latency {record['latency_s'] * 1e6:.1f} us per hop, bus bandwidth {record['bandwidth_gbs']:.3g} GB/s "
-                  f"(fit R^2 {record['fit_r2']:.3f}); appended to {out}")
+    console.print(f"small messages: {record['small_message_s'] * 1e6:.1f} us an all-reduce, {record['latency_s'] * 1e6:.1f} us "
+                  f"per hop; large messages: bus bandwidth {record['bandwidth_gbs']:.3g} GB/s (fit R^2 {record['fit_r2']:.3f}); "
+                  f"appended to {out}")
 
 
 def _command_line(params: dict) -> str:

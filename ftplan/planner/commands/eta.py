@@ -10,8 +10,9 @@ import click
 from ftplan.core.architecture import load_architecture
 from ftplan.core.hardware import find_gpu, load_catalog
 from ftplan.core.units import GIB
+from ftplan.models.communication import describe_layout
 from ftplan.models.host_memory import host_bytes_per_node, usable_host_bytes
-from ftplan.planner.commands.options import setting_from_options, setting_options
+from ftplan.planner.commands.options import setting_from_options, setting_options, step_time_cv_option
 from ftplan.planner.commands.plan import host_memory_option
 from ftplan.planner.eta import estimate_eta
 from ftplan.planner.inputs import (
@@ -23,6 +24,7 @@ from ftplan.planner.inputs import (
     load_evidence,
 )
 from ftplan.planner.render import eta_lines, eta_to_dict, host_line, prediction_to_dict
+from ftplan.planner.scaling import with_step_time_cv
 from ftplan.planner.search import fits_budget
 
 
@@ -34,13 +36,15 @@ from ftplan.planner.search import fits_budget
 @click.option("--price-per-hour", type=FINITE_FLOAT, default=None, help="Price per GPU-hour; cost = hours × price × GPUs.")
 @gpu_options
 @link_options
+@step_time_cv_option
 @budget_options
 @host_memory_option
 @calibrations_option
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON.")
 def command(batch_size: int, dataset_size: int, epochs: float, price_per_hour: float | None, gpu_name: str,
             gpu_specs: Path | None, intra_node_bandwidth: str | None,
-            inter_node_bandwidth: str | None, safety_margin: float | None, context_reserve_gib: float, host_memory_gib: float | None,
+            inter_node_bandwidth: str | None, step_time_cv: float | None, safety_margin: float | None,
+            context_reserve_gib: float, host_memory_gib: float | None,
             calibrations: tuple[Path, ...], as_json: bool, **options) -> None:
     """How long one configuration takes to finish, what it costs, and whether it fits in memory."""
     from ftplan.core.errors import FtplanError
@@ -56,7 +60,10 @@ def command(batch_size: int, dataset_size: int, epochs: float, price_per_hour: f
     evidence = load_evidence(calibrations, catalog)
     budget = evidence.budget(gpu, safety_margin, context_reserve_gib)
     host_enough = host_memory_gib is None or host_bytes <= usable_host_bytes(host_memory_gib, budget.margin)
-    links, _ = evidence.links(gpu, intra_node_bandwidth, inter_node_bandwidth)
+    links, links_text = evidence.links(gpu, intra_node_bandwidth, inter_node_bandwidth)
+    links, spread_text = with_step_time_cv(links, step_time_cv, evidence.records)
+    layout = {"gpus": setting.world_size, "gpus_per_node": setting.gpus, "nodes": setting.nodes,
+              "description": describe_layout(setting.gpus, setting.nodes)}
     prediction = evidence.predictor_with(links).predict(setting, batch_size, gpu)
     eta = estimate_eta(prediction.seconds_per_step.mean, dataset_size, epochs, batch_size, setting.world_size,
                        price_per_hour)
@@ -65,11 +72,14 @@ def command(batch_size: int, dataset_size: int, epochs: float, price_per_hour: f
         click.echo(json.dumps({"setting": setting.to_dict(), "gpu": gpu.name, "fits": fits,
                                "host_gib_per_node": host_bytes / GIB, "host_memory_gib": host_memory_gib,
                                "host_memory_enough": host_enough,
-                               "usable_gib": budget.usable_bytes / GIB, "eta": eta_to_dict(eta),
+                               "usable_gib": budget.usable_bytes / GIB, "eta": eta_to_dict(eta), "layout": layout,
                                "prediction": prediction_to_dict(prediction)}, indent=2))
         return
     click.echo(f"{setting.label()} on {setting.world_size} x {gpu.name}, batch {batch_size} per GPU, "
                f"{dataset_size:,} samples x {epochs:g} epochs")
+    click.echo(f"  layout: {layout['description']}")
+    if setting.world_size > 1:
+        click.echo(f"  {links_text} {spread_text}")
     host = host_line(host_bytes, host_memory_gib, host_enough)
     for line in eta_lines(prediction, eta, fits_budget(prediction, budget), budget) + ([host] if host else []):
         click.echo(f"  {line}")

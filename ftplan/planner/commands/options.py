@@ -7,7 +7,11 @@ from collections.abc import Callable
 import click
 
 from ftplan.core.architecture import ALL_LINEAR_TARGETS
+from ftplan.core.errors import FtplanError
 from ftplan.core.settings import PRECISIONS, ZERO_STAGES, Setting
+from ftplan.planner.scaling import fixed_layout, node_layout
+
+DEFAULT_GPUS_PER_NODE = 8  # a full cloud or DGX node; `--gpus-per-node 1` for single-GPU instances
 
 
 def positive_int_list(what: str):
@@ -50,11 +54,21 @@ SETTING_OPTIONS = (
                  help="Modules that get LoRA adapters."),
     click.option("--gradient-checkpointing", is_flag=True,
                  help="Recompute activations during backward: far less activation memory, about a third more compute."),
-    click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs per node."),
-    click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True,
-                 help="Nodes of --gpus GPUs each; nodes talk over the inter-node link."),
+    click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True,
+                 help="GPUs in all (as in `ftplan plan`), spread evenly over nodes of at most --gpus-per-node."),
+    click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
+                 help=f"Most GPUs one node holds; nodes talk over the inter-node link.  [default: {DEFAULT_GPUS_PER_NODE}]"),
+    click.option("--nodes", type=click.IntRange(min=1), default=None,
+                 help="Spread --gpus evenly over exactly this many nodes instead.  [default: as few as "
+                      "--gpus-per-node allows]"),
     click.option("--alloc-conf", default="", help="PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True."),
 )
+
+
+step_time_cv_option = click.option(
+    "--step-time-cv", type=click.FloatRange(0, 10), default=None,
+    help="Spread of one GPU's step times (std / mean) on your cluster; every step waits for the slowest of the "
+         "ranks.  [default: the calibration records' own spread]")
 
 
 def setting_options(command: Callable) -> Callable:
@@ -64,10 +78,24 @@ def setting_options(command: Callable) -> Callable:
     return command
 
 
+def layout_from_options(gpus: int, gpus_per_node: int | None, nodes: int | None) -> tuple[int, int]:
+    """(GPUs per node, nodes) for --gpus in all: over --nodes when given, else nodes of at most
+    --gpus-per-node (default 8) filled evenly."""
+    if nodes is None:
+        return node_layout(gpus, gpus_per_node or DEFAULT_GPUS_PER_NODE)
+    per_node, nodes = fixed_layout(gpus, nodes)
+    if gpus_per_node is not None and gpus_per_node != per_node:
+        raise FtplanError(f"--gpus {gpus} over --nodes {nodes} puts {per_node} GPUs on each node, not "
+                          f"--gpus-per-node {gpus_per_node}; give one of the two")
+    return per_node, nodes
+
+
 def setting_from_options(options: dict) -> Setting:
-    """The Setting the parsed options describe (raises FtplanError for impossible combinations)."""
+    """The Setting the parsed options describe (raises FtplanError for impossible combinations).
+    Setting.gpus is GPUs per node, as in every record; --gpus is GPUs in all."""
+    per_node, nodes = layout_from_options(options["gpus"], options["gpus_per_node"], options["nodes"])
     return Setting(model=options["model"], seq_len=options["seq_len"], precision=options["precision"],
                    zero_stage=int(options["zero_stage"]), offload_optimizer=options["offload"], liger=options["liger"],
                    lora_rank=options["lora_rank"], lora_targets=options["lora_targets"],
-                   gradient_checkpointing=options["gradient_checkpointing"], gpus=options["gpus"],
-                   nodes=options["nodes"], alloc_conf=options["alloc_conf"])
+                   gradient_checkpointing=options["gradient_checkpointing"], gpus=per_node,
+                   nodes=nodes, alloc_conf=options["alloc_conf"])

@@ -14,9 +14,9 @@ from ftplan.core.architecture import load_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import find_gpu, load_catalog
 from ftplan.core.settings import PRECISIONS, Setting
-from ftplan.models.communication import estimate_overlap
+from ftplan.models.communication import describe_layout, estimate_overlap
 from ftplan.planner.batching import STRATEGIES, TOO_LONG
-from ftplan.planner.commands.options import positive_int_list
+from ftplan.planner.commands.options import DEFAULT_GPUS_PER_NODE, positive_int_list, step_time_cv_option
 from ftplan.planner.dataset_plan import DatasetOptions, dataset_plan_to_dict, plan_dataset_file
 from ftplan.planner.gpu_counts import plan_gpu_counts
 from ftplan.planner.inputs import (
@@ -34,7 +34,7 @@ from ftplan.planner.render import (
     print_scaling,
     scaling_to_dict,
 )
-from ftplan.planner.scaling import node_layout, parse_gpu_counts
+from ftplan.planner.scaling import node_layout, parse_gpu_counts, with_step_time_cv
 from ftplan.planner.search import DEFAULT_LORA_RANKS, PlanRequest, make_plan
 
 host_memory_option = click.option(
@@ -52,8 +52,10 @@ host_memory_option = click.option(
 @click.option("--gpus", default="1", show_default=True,
               help="GPUs in all: a count (8), a list (1,2,4) or a doubling range (1..128); several counts add a "
                    "scaling table and choose the count.")
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Nodes are filled up to this many GPUs; the rest talk over the inter-node link.")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=DEFAULT_GPUS_PER_NODE, show_default=True,
+              help="Most GPUs one node holds: each count is spread evenly over as few nodes as hold it, and the "
+                   "nodes talk over the inter-node link.")
+@step_time_cv_option
 @link_options
 @click.option("--price-per-hour", type=FINITE_FLOAT, default=None, help="Price per GPU-hour; cost = hours × price × GPUs.")
 @click.option("--max-hours", type=FINITE_FLOAT, default=None,
@@ -97,8 +99,8 @@ host_memory_option = click.option(
 @click.option("--too-long", type=click.Choice(TOO_LONG), default="truncate", show_default=True,
               help="With --dataset: what to do with samples longer than --seq-len (or --pack-length).")
 def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name: str, gpu_specs: Path | None,
-            gpus: str, gpus_per_node: int, intra_node_bandwidth: str | None, inter_node_bandwidth: str | None,
-            price_per_hour: float | None, max_hours: float | None, by: str, training: str,
+            gpus: str, gpus_per_node: int, step_time_cv: float | None, intra_node_bandwidth: str | None,
+            inter_node_bandwidth: str | None, price_per_hour: float | None, max_hours: float | None, by: str, training: str,
             lora_ranks: tuple[int, ...], precision: str | None, safety_margin: float | None, context_reserve_gib: float,
             host_memory_gib: float | None, calibrations: tuple[Path, ...], as_json: bool, show_all: bool,
             emit: Path | None, force: bool, dataset: Path | None = None, text_field: str | None = None,
@@ -118,6 +120,8 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
     gpu = find_gpu(gpu_name, catalog)
     evidence = load_evidence(calibrations, catalog)
     links, links_text = evidence.links(gpu, intra_node_bandwidth, inter_node_bandwidth)
+    links, spread_text = with_step_time_cv(links, step_time_cv, evidence.records)
+    links_text += f" {spread_text}"
     predictor = evidence.predictor_with(links)
     request = PlanRequest(base=base, dataset_size=dataset_size, epochs=epochs, gpu=gpu,
                           budget=evidence.budget(gpu, safety_margin, context_reserve_gib),
@@ -130,6 +134,7 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
     scaling = None
     if len(counts) == 1:
         per_node, nodes = node_layout(counts[0], gpus_per_node)
+        links_text = f"Layout: {describe_layout(per_node, nodes)}. {links_text}"
         plan = make_plan(predictor, replace(request, base=base.with_(gpus=per_node, nodes=nodes)), extra)
         if dataset is not None:
             options = DatasetOptions(batching_strategy, pack_length or (seq_len if batching_strategy == "pack" else None),

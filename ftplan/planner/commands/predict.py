@@ -16,10 +16,12 @@ from rich.table import Table
 from ftplan.core.architecture import load_architecture
 from ftplan.core.hardware import GpuSpec, find_gpu, load_catalog
 from ftplan.core.units import GIB
+from ftplan.models.communication import describe_layout
 from ftplan.models.prediction import Prediction
 from ftplan.models.safe_batch import MemoryBudget, is_safe, proven_batch
-from ftplan.planner.commands.options import setting_from_options, setting_options
-from ftplan.planner.inputs import calibrations_option, load_predictor
+from ftplan.planner.commands.options import setting_from_options, setting_options, step_time_cv_option
+from ftplan.planner.inputs import calibrations_option, link_options, load_evidence
+from ftplan.planner.scaling import with_step_time_cv
 
 DEFAULT_GPU = "H200"  # the card the shipped calibrations were measured on
 
@@ -30,20 +32,33 @@ DEFAULT_GPU = "H200"  # the card the shipped calibrations were measured on
 @click.option("--gpu", "gpu_name", default=DEFAULT_GPU, show_default=True, help="GPU model (see `ftplan gpus`).")
 @click.option("--gpu-specs", type=click.Path(path_type=Path), default=None,
               help="CSV of GPU specs (columns as in `ftplan gpus`) overriding or extending the catalog.")
+@link_options
+@step_time_cv_option
 @calibrations_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def command(batch_size: int, gpu_name: str, gpu_specs: Path | None, calibrations: tuple[Path, ...],
+def command(batch_size: int, gpu_name: str, gpu_specs: Path | None, intra_node_bandwidth: str | None,
+            inter_node_bandwidth: str | None, step_time_cv: float | None, calibrations: tuple[Path, ...],
             as_json: bool, **options) -> None:
     """Predicted peak allocated and reserved memory per GPU and seconds per optimizer step."""
     setting = setting_from_options(options)
     load_architecture(setting.model)  # an unknown model fails here, with close names, before any fitting
     catalog = load_catalog(gpu_specs)  # the user's cards also name the cards their records were measured on
     gpu = find_gpu(gpu_name, catalog)
-    prediction = load_predictor(calibrations, catalog).predict(setting, batch_size, gpu)
+    evidence = load_evidence(calibrations, catalog)
+    links, links_text = evidence.links(gpu, intra_node_bandwidth, inter_node_bandwidth)
+    links, spread_text = with_step_time_cv(links, step_time_cv, evidence.records)
+    prediction = evidence.predictor_with(links).predict(setting, batch_size, gpu)
+    layout = describe_layout(setting.gpus, setting.nodes)
     if as_json:
-        click.echo(json.dumps(prediction_to_dict(prediction, gpu), indent=2))
+        click.echo(json.dumps({**prediction_to_dict(prediction, gpu),
+                               "layout": {"gpus": setting.world_size, "gpus_per_node": setting.gpus,
+                                          "nodes": setting.nodes, "description": layout}}, indent=2))
     else:
-        print_prediction(prediction, gpu, Console())
+        console = Console()
+        console.print(f"layout: {layout}")
+        if setting.world_size > 1:
+            console.print(f"{links_text} {spread_text}")
+        print_prediction(prediction, gpu, console)
 
 
 def prediction_to_dict(prediction: Prediction, gpu: GpuSpec) -> dict:
