@@ -367,7 +367,7 @@ def _predict(setting: Setting, micro_batch: int, gpu: str, out: Path, machine_id
         warnings.simplefilter("ignore", UserWarning)  # skipped records and unfittable groups: not the user's problem here
         records = read_records([p for p in (calibrations_dir(), out) if p.exists()])
         if gpu != "cpu":
-            return Predictor.from_records(records).predict(setting, micro_batch, find_gpu(gpu))
+            return Predictor.fit(records).predict(setting, micro_batch, find_gpu(gpu))
         own = [r for r in records if r.get("device") == "cpu" and r.get("machine_id") == machine_id]
         fit = FitSet(tuple(fit_groups(own))).lookup(setting, "cpu")
     if fit is None:

@@ -1,0 +1,124 @@
+"""The Python API, for notebooks: the same plan and prediction `ftplan plan` and `ftplan predict` print.
+
+    import ftplan
+    result = ftplan.plan(model="llama-3-8b", dataset_size=19692, gpu="H200")
+    result.recommendation.label, result.recommendation.batch   # what to run
+    result.to_frame()                                           # every setup, one row each (pandas)
+    result.to_dict()                                            # what `ftplan plan --json` prints
+
+The CLI commands are thin layers over these functions; nothing here prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pandas as pd
+
+from ftplan.core.architecture import load_architecture
+from ftplan.core.hardware import find_gpu, load_catalog
+from ftplan.core.settings import Setting
+from ftplan.core.units import GIB
+from ftplan.models.communication import Links, describe_layout, estimate_overlap
+from ftplan.models.prediction import Prediction
+from ftplan.planner.commands.options import DEFAULT_GPUS_PER_NODE
+from ftplan.planner.gpu_counts import ScalingPlan, plan_gpu_counts
+from ftplan.planner.inputs import Evidence, load_evidence
+from ftplan.planner.render import plan_to_dict, scaling_to_dict
+from ftplan.planner.scaling import node_layout, parse_gpu_counts, with_step_time_cv
+from ftplan.planner.search import DEFAULT_LORA_RANKS, Plan, PlanRequest, SetupPlan, make_plan
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A plan with what it rests on: the ranked setups (one GPU count) or the scaling over several."""
+
+    plan: Plan | None
+    scaling: ScalingPlan | None
+    evidence: Evidence
+    links: Links
+    links_text: str
+    failed: dict[Setting, str]
+
+    @property
+    def recommendation(self) -> SetupPlan | None:
+        return self.plan.recommended if self.plan else None
+
+    def to_dict(self) -> dict:
+        """Exactly what `ftplan plan --json` prints."""
+        return {**(plan_to_dict(self.plan, self.failed) if self.plan else {}),
+                "inputs": [{"path": str(i.path), "records": i.records, "from_training_runs": i.from_training_runs}
+                           for i in self.evidence.inputs],
+                "links": {**self.links.__dict__, "description": self.links_text},
+                "scaling": scaling_to_dict(self.scaling) if self.scaling else None}
+
+    def to_frame(self) -> pd.DataFrame:
+        """Every setup as a row: fits or not, its largest safe batch, memory, evidence, time and cost."""
+        if self.plan is None:
+            return pd.DataFrame()
+        rows = []
+        for verdict, setups in (("ranked", self.plan.ranked), ("over max hours", self.plan.too_slow),
+                                ("cannot fit", self.plan.unfit)):
+            for setup in setups:
+                prediction = setup.best or setup.at_batch_one
+                rows.append({"setup": setup.label, "training": setup.training, "verdict": verdict,
+                             "recommended": setup is self.recommendation, "batch_per_gpu": setup.batch,
+                             "reserved_gib": prediction.peak_reserved.mean / GIB,
+                             "reserved_upper_gib": prediction.peak_reserved.upper / GIB,
+                             "seconds_per_step": prediction.seconds_per_step.mean, "evidence": prediction.evidence,
+                             "steps": setup.eta.steps if setup.eta else None,
+                             "hours": setup.eta.hours if setup.eta else None,
+                             "cost": setup.eta.cost if setup.eta else None,
+                             "host_gib_per_node": setup.host_bytes / GIB})
+        return pd.DataFrame(rows)
+
+
+def plan(model: str, dataset_size: int, gpu: str = "H200", *, epochs: float = 1.0, seq_len: int = 2048,
+         gpus: int | str = 1, gpus_per_node: int = DEFAULT_GPUS_PER_NODE, step_time_cv: float | None = None,
+         intra_node_bandwidth: str | None = None, inter_node_bandwidth: str | None = None,
+         price_per_hour: float | None = None, max_hours: float | None = None, by: str = "time",
+         training: str = "any", lora_ranks: Sequence[int] = DEFAULT_LORA_RANKS, precision: str | None = None,
+         safety_margin: float | None = None, context_reserve_gib: float = 0.0, host_memory_gib: float | None = None,
+         calibrations: Sequence[Path | str] = (), gpu_specs: Path | str | None = None) -> PlanResult:
+    """Every setup ranked for this run, as `ftplan plan` with the same options (gpus: a count, or '1..64')."""
+    load_architecture(model)  # an unknown model fails here, with close names, before any fitting
+    counts = parse_gpu_counts(str(gpus))
+    base = Setting(model=model, seq_len=seq_len)
+    catalog = load_catalog(Path(gpu_specs) if gpu_specs else None)
+    card = find_gpu(gpu, catalog)
+    evidence = load_evidence(tuple(Path(c) for c in calibrations), catalog)
+    links, links_text = evidence.links(card, intra_node_bandwidth, inter_node_bandwidth)
+    links, spread_text = with_step_time_cv(links, step_time_cv, evidence.records)
+    links_text += f" {spread_text}"
+    predictor = evidence.predictor_with(links)
+    request = PlanRequest(base=base, dataset_size=dataset_size, epochs=epochs, gpu=card,
+                          budget=evidence.budget(card, safety_margin, context_reserve_gib),
+                          price_per_gpu_hour=price_per_hour, max_hours=max_hours, by=by, training=training,
+                          lora_ranks=tuple(lora_ranks), host_memory_gib=host_memory_gib, precision=precision)
+    extra, failed = evidence.calibrated_settings(model), evidence.failed_trials(model)
+    scaling = None
+    if len(counts) == 1:
+        per_node, nodes = node_layout(counts[0], gpus_per_node)
+        links_text = f"Layout: {describe_layout(per_node, nodes)}. {links_text}"
+        result_plan = make_plan(predictor, replace(request, base=base.with_(gpus=per_node, nodes=nodes)), extra)
+    else:
+        scaling = plan_gpu_counts(predictor, request, counts, gpus_per_node, extra)
+        result_plan = scaling.plan
+    overlap = estimate_overlap(evidence.records, links)
+    links_text += f" Overlap of communication with backward: {overlap.overlap:g}; {overlap.source}."
+    return PlanResult(result_plan, scaling, evidence, links, links_text, failed)
+
+
+def predict(model: str, batch_size: int, gpu: str = "H200", *, calibrations: Sequence[Path | str] = (),
+            gpu_specs: Path | str | None = None, **setting) -> Prediction:
+    """Peak memory per GPU and seconds per step of one setting and micro-batch, as `ftplan predict`;
+    setting: the Setting fields (seq_len, precision, zero_stage, offload_optimizer, liger, lora_rank,
+    gradient_checkpointing, gpus, nodes, ...)."""
+    load_architecture(model)
+    catalog = load_catalog(Path(gpu_specs) if gpu_specs else None)
+    card = find_gpu(gpu, catalog)
+    evidence = load_evidence(tuple(Path(c) for c in calibrations), catalog)
+    links, _ = evidence.links(card)
+    return evidence.predictor_with(links).predict(Setting(model=model, **setting), batch_size, card)
