@@ -18,12 +18,14 @@ from pathlib import Path
 import pandas as pd
 
 from ftplan.core.architecture import load_architecture
+from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import find_gpu, load_catalog
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.communication import Links, describe_layout, estimate_overlap
 from ftplan.models.prediction import Prediction
 from ftplan.planner.commands.options import DEFAULT_GPUS_PER_NODE
+from ftplan.planner.dataset_plan import DatasetOptions, DatasetPlan, dataset_plan_to_dict, plan_dataset_file
 from ftplan.planner.gpu_counts import ScalingPlan, plan_gpu_counts
 from ftplan.planner.inputs import Evidence, load_evidence
 from ftplan.planner.render import plan_to_dict, scaling_to_dict
@@ -41,6 +43,8 @@ class PlanResult:
     links: Links
     links_text: str
     failed: dict[Setting, str]
+    dataset_plan: DatasetPlan | None = None
+    dataset_lines: tuple[str, ...] = ()
 
     @property
     def recommendation(self) -> SetupPlan | None:
@@ -52,7 +56,9 @@ class PlanResult:
                 "inputs": [{"path": str(i.path), "records": i.records, "from_training_runs": i.from_training_runs}
                            for i in self.evidence.inputs],
                 "links": {**self.links.__dict__, "description": self.links_text},
-                "scaling": scaling_to_dict(self.scaling) if self.scaling else None}
+                "scaling": scaling_to_dict(self.scaling) if self.scaling else None,
+                **({"dataset": dataset_plan_to_dict(self.dataset_plan, list(self.dataset_lines))}
+                   if self.dataset_plan else {})}
 
     def to_frame(self) -> pd.DataFrame:
         """Every setup as a row: fits or not, its largest safe batch, memory, evidence, time and cost."""
@@ -75,16 +81,26 @@ class PlanResult:
         return pd.DataFrame(rows)
 
 
-def plan(model: str, dataset_size: int, gpu: str = "H200", *, epochs: float = 1.0, seq_len: int = 2048,
+def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epochs: float = 1.0, seq_len: int = 2048,
          gpus: int | str = 1, gpus_per_node: int = DEFAULT_GPUS_PER_NODE, step_time_cv: float | None = None,
          intra_node_bandwidth: str | None = None, inter_node_bandwidth: str | None = None,
          price_per_hour: float | None = None, max_hours: float | None = None, by: str = "time",
          training: str = "any", lora_ranks: Sequence[int] = DEFAULT_LORA_RANKS, precision: str | None = None,
          safety_margin: float | None = None, context_reserve_gib: float = 0.0, host_memory_gib: float | None = None,
-         calibrations: Sequence[Path | str] = (), gpu_specs: Path | str | None = None) -> PlanResult:
-    """Every setup ranked for this run, as `ftplan plan` with the same options (gpus: a count, or '1..64')."""
+         calibrations: Sequence[Path | str] = (), gpu_specs: Path | str | None = None,
+         dataset: Path | str | None = None, dataset_options: DatasetOptions | None = None,
+         text_field: str | None = None, ids_field: str | None = None, tokenizer: Path | str | None = None) -> PlanResult:
+    """Every setup ranked for this run, as `ftplan plan` with the same options (gpus: a count, or '1..64').
+
+    With a dataset file, its own token lengths set the sample count, the longest batch (memory) and the
+    tokens per step (time); dataset_options choose the batching (dynamic padding by default).
+    """
     load_architecture(model)  # an unknown model fails here, with close names, before any fitting
+    if dataset is None and dataset_size is None:
+        raise FtplanError("give a dataset size, or a dataset to plan from its token lengths")
     counts = parse_gpu_counts(str(gpus))
+    if dataset is not None and len(counts) > 1:
+        raise FtplanError("--dataset plans one GPU count at a time; give --gpus N")
     base = Setting(model=model, seq_len=seq_len)
     catalog = load_catalog(Path(gpu_specs) if gpu_specs else None)
     card = find_gpu(gpu, catalog)
@@ -93,22 +109,29 @@ def plan(model: str, dataset_size: int, gpu: str = "H200", *, epochs: float = 1.
     links, spread_text = with_step_time_cv(links, step_time_cv, evidence.records)
     links_text += f" {spread_text}"
     predictor = evidence.predictor_with(links)
-    request = PlanRequest(base=base, dataset_size=dataset_size, epochs=epochs, gpu=card,
+    size = dataset_size if dataset is None else dataset_size or 1  # a dataset's own rows replace it
+    request = PlanRequest(base=base, dataset_size=size, epochs=epochs, gpu=card,
                           budget=evidence.budget(card, safety_margin, context_reserve_gib),
                           price_per_gpu_hour=price_per_hour, max_hours=max_hours, by=by, training=training,
                           lora_ranks=tuple(lora_ranks), host_memory_gib=host_memory_gib, precision=precision)
     extra, failed = evidence.calibrated_settings(model), evidence.failed_trials(model)
-    scaling = None
+    scaling, dataset_plan, dataset_lines = None, None, []
     if len(counts) == 1:
         per_node, nodes = node_layout(counts[0], gpus_per_node)
         links_text = f"Layout: {describe_layout(per_node, nodes)}. {links_text}"
-        result_plan = make_plan(predictor, replace(request, base=base.with_(gpus=per_node, nodes=nodes)), extra)
+        request = replace(request, base=base.with_(gpus=per_node, nodes=nodes))
+        result_plan = make_plan(predictor, request, extra)
+        if dataset is not None:
+            dataset_plan, dataset_lines = plan_dataset_file(
+                predictor, request, Path(dataset), dataset_options or DatasetOptions(), text_field, ids_field,
+                Path(tokenizer) if tokenizer else None, extra)
+            result_plan = dataset_plan.plan
     else:
         scaling = plan_gpu_counts(predictor, request, counts, gpus_per_node, extra)
         result_plan = scaling.plan
     overlap = estimate_overlap(evidence.records, links)
     links_text += f" Overlap of communication with backward: {overlap.overlap:g}; {overlap.source}."
-    return PlanResult(result_plan, scaling, evidence, links, links_text, failed)
+    return PlanResult(result_plan, scaling, evidence, links, links_text, failed, dataset_plan, tuple(dataset_lines))
 
 
 def predict(model: str, batch_size: int, gpu: str = "H200", *, calibrations: Sequence[Path | str] = (),

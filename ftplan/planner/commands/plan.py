@@ -4,38 +4,30 @@ over a range of GPU counts, the scaling of full and LoRA fine-tuning and the cou
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import click
 from click.core import ParameterSource
 
-from ftplan.core.architecture import load_architecture
 from ftplan.core.errors import FtplanError
-from ftplan.core.hardware import find_gpu, load_catalog
-from ftplan.core.settings import PRECISIONS, Setting
-from ftplan.models.communication import describe_layout, estimate_overlap
+from ftplan.core.settings import PRECISIONS
+from ftplan.planner import api
 from ftplan.planner.batching import STRATEGIES, TOO_LONG
 from ftplan.planner.commands.options import DEFAULT_GPUS_PER_NODE, positive_int_list, step_time_cv_option
-from ftplan.planner.dataset_plan import DatasetOptions, dataset_plan_to_dict, plan_dataset_file
-from ftplan.planner.gpu_counts import plan_gpu_counts
+from ftplan.planner.dataset_plan import DatasetOptions
 from ftplan.planner.inputs import (
     FINITE_FLOAT,
     budget_options,
     calibrations_option,
     gpu_options,
     link_options,
-    load_evidence,
 )
 from ftplan.planner.render import (
     make_console,
-    plan_to_dict,
     print_plan,
     print_scaling,
-    scaling_to_dict,
 )
-from ftplan.planner.scaling import node_layout, parse_gpu_counts, with_step_time_cv
-from ftplan.planner.search import DEFAULT_LORA_RANKS, PlanRequest, make_plan
+from ftplan.planner.search import DEFAULT_LORA_RANKS
 
 host_memory_option = click.option(
     "--host-memory-gib", type=float, default=None,
@@ -108,62 +100,30 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
             pack_length: int | None = None, global_batch: int | None = None, too_long: str = "truncate") -> None:
     """Which setup finishes fastest (or cheapest) on this GPU, with its largest safe batch, ETA and cost;
     with several GPU counts, how full and LoRA fine-tuning scale and which count to use."""
-    load_architecture(model)  # an unknown model fails here, with close names, before any fitting
     if dataset is None and dataset_size is None:
         raise click.UsageError("Missing option '--dataset-size' (or --dataset, to plan from its token lengths)")
     seq_len_given = click.get_current_context().get_parameter_source("seq_len") != ParameterSource.DEFAULT
-    if dataset is not None:
-        dataset_size = dataset_size or 1  # replaced by the dataset's own rows
-    counts = parse_gpu_counts(gpus)
-    base = Setting(model=model, seq_len=seq_len)
-    catalog = load_catalog(gpu_specs)
-    gpu = find_gpu(gpu_name, catalog)
-    evidence = load_evidence(calibrations, catalog)
-    links, links_text = evidence.links(gpu, intra_node_bandwidth, inter_node_bandwidth)
-    links, spread_text = with_step_time_cv(links, step_time_cv, evidence.records)
-    links_text += f" {spread_text}"
-    predictor = evidence.predictor_with(links)
-    request = PlanRequest(base=base, dataset_size=dataset_size, epochs=epochs, gpu=gpu,
-                          budget=evidence.budget(gpu, safety_margin, context_reserve_gib),
-                          price_per_gpu_hour=price_per_hour, max_hours=max_hours, by=by, training=training,
-                          lora_ranks=lora_ranks, host_memory_gib=host_memory_gib, precision=precision)
-    extra, failed = evidence.calibrated_settings(model), evidence.failed_trials(model)
-    dataset_plan, dataset_lines = None, []
-    if dataset is not None and len(parse_gpu_counts(gpus)) > 1:
-        raise FtplanError("--dataset plans one GPU count at a time; give --gpus N")
-    scaling = None
-    if len(counts) == 1:
-        per_node, nodes = node_layout(counts[0], gpus_per_node)
-        links_text = f"Layout: {describe_layout(per_node, nodes)}. {links_text}"
-        plan = make_plan(predictor, replace(request, base=base.with_(gpus=per_node, nodes=nodes)), extra)
-        if dataset is not None:
-            options = DatasetOptions(batching_strategy, pack_length or (seq_len if batching_strategy == "pack" else None),
-                                     seq_len if seq_len_given else None, too_long, global_batch)
-            dataset_plan, dataset_lines = plan_dataset_file(
-                predictor, replace(request, base=base.with_(gpus=per_node, nodes=nodes)), dataset, options,
-                text_field, ids_field, tokenizer, extra)
-            plan = dataset_plan.plan
-    else:
-        scaling = plan_gpu_counts(predictor, request, counts, gpus_per_node, extra)
-        plan = scaling.plan
-    overlap = estimate_overlap(evidence.records, links)
-    links_text += f" Overlap of communication with backward: {overlap.overlap:g}; {overlap.source}."
+    options = DatasetOptions(batching_strategy, pack_length or (seq_len if batching_strategy == "pack" else None),
+                             seq_len if seq_len_given else None, too_long, global_batch)
+    result = api.plan(model, dataset_size, gpu_name, epochs=epochs, seq_len=seq_len, gpus=gpus,
+                      gpus_per_node=gpus_per_node, step_time_cv=step_time_cv, intra_node_bandwidth=intra_node_bandwidth,
+                      inter_node_bandwidth=inter_node_bandwidth, price_per_hour=price_per_hour, max_hours=max_hours,
+                      by=by, training=training, lora_ranks=lora_ranks, precision=precision,
+                      safety_margin=safety_margin, context_reserve_gib=context_reserve_gib,
+                      host_memory_gib=host_memory_gib, calibrations=calibrations, gpu_specs=gpu_specs,
+                      dataset=dataset, dataset_options=options, text_field=text_field, ids_field=ids_field,
+                      tokenizer=tokenizer)
+    plan, scaling, failed = result.plan, result.scaling, result.failed
     if as_json:
-        click.echo(json.dumps({**(plan_to_dict(plan, failed) if plan else {}),
-                               "inputs": [{"path": str(i.path), "records": i.records,
-                                           "from_training_runs": i.from_training_runs} for i in evidence.inputs],
-                               "links": {**links.__dict__, "description": links_text},
-                               "scaling": scaling_to_dict(scaling) if scaling else None,
-                               **({"dataset": dataset_plan_to_dict(dataset_plan, dataset_lines)} if dataset_plan else {})},
-                              indent=2))
+        click.echo(json.dumps(result.to_dict(), indent=2))
     else:
         console = make_console()
-        console.print(evidence.describe())
-        if max(counts) > 1:
-            console.print(links_text)
+        console.print(result.evidence.describe())
+        if scaling is not None or (plan is not None and plan.request.base.world_size > 1):
+            console.print(result.links_text)
         if scaling is not None:
             print_scaling(scaling, console, failed)
-        for line in dataset_lines:
+        for line in result.dataset_lines:
             console.print(line)
         if plan is not None:
             print_plan(plan, console, failed, show_all)
