@@ -88,6 +88,7 @@ def test_the_slowest_rank_costs_more_with_every_doubling_of_ranks():
     assert factors[0] == 1.0
     assert all(later > earlier for earlier, later in itertools.pairwise(factors))
     assert factors[-1] < 1 + 0.05 * math.sqrt(2 * math.log(256))  # below the loose sqrt(2 ln N) bound
+    assert 8 < expected_max_normal(10**16) < math.sqrt(2 * math.log(10**16))  # no rounding to p = 1 at absurd counts
 
 
 def test_stragglers_follow_the_recorded_step_times_up_to_their_heavy_tail():

@@ -331,7 +331,7 @@ def expected_max_normal(ranks: int) -> float:
     sqrt(2 ln N) overstates it (1.18 at 2, 3.11 at 128)."""
     if ranks <= 1:
         return 0.0
-    return statistics.NormalDist().inv_cdf((ranks - 0.375) / (ranks + 0.25))
+    return -statistics.NormalDist().inv_cdf(0.625 / (ranks + 0.25))  # the upper tail by symmetry: exact for any N
 
 
 def straggler_factor(step_time_cv: float, ranks: int) -> float:
