@@ -156,11 +156,11 @@ def _short_label(label: str, seq_len: int) -> str:
 
 
 def _plan_rows(plan: Plan, show_all: bool) -> list[list[SetupPlan]]:
-    """The rows to show, in sections: every ranked setup with show_all, else the best of each family by
-    kind of training, the recommendation's kind first (only that kind when the user chose one)."""
+    """The rows to show, in sections: every setup of the kind asked for (--full, --lora, or both) with
+    show_all, else the best of each family by kind of training, the recommendation's kind first."""
     rec = plan.recommended
     if show_all:
-        return [plan.ranked]
+        return [plan.candidates]
     rows = advice.family_best(plan)
     kinds = ["full", "lora"] if plan.request.training == "any" else [plan.request.training]
     if rec is not None and rec.training in kinds:
@@ -171,16 +171,17 @@ def _plan_rows(plan: Plan, show_all: bool) -> list[list[SetupPlan]]:
 def plan_table(plan: Plan, failed: dict[Setting, str], show_all: bool = False) -> Table:
     """The ranked setups: with show_all every one, else the best of each family (see _plan_rows).
 
-    Columns are few and short so the table fits a 100-column terminal; `#` is the rank among all setups.
+    Columns are few and short so the table fits a 100-column terminal; `#` is the rank among the setups of
+    the kind asked for.
     """
     request = plan.request
     usable = request.budget.usable_bytes / GIB
     priced = request.price_per_gpu_hour is not None
-    offload = any(s.host_bytes for s in plan.ranked)
     sections = _plan_rows(plan, show_all)
-    shown = sum(map(len, sections))
-    which = ("every setup that fits" if show_all else
-             f"best of each family, {shown} of {len(plan.ranked)} setups that fit (--all lists every one)")
+    offload = any(s.host_bytes for section in sections for s in section)
+    shown, kind = sum(map(len, sections)), {"any": "", "full": " full fine-tuning", "lora": " LoRA"}[request.training]
+    which = (f"every{kind} setup that fits" if show_all else
+             f"best of each family, {shown} of {len(plan.candidates)}{kind} setups that fit (--all lists every one)")
     table = Table(title=f"{request.base.model}, {_samples(request)}, seq {request.base.seq_len}, "
                         f"{request.base.world_size} × {request.gpu.name} ({usable:.1f} GiB usable per GPU): {which}",
                   **COMPACT)
@@ -197,7 +198,7 @@ def plan_table(plan: Plan, failed: dict[Setting, str], show_all: bool = False) -
         table.add_column("host GiB" + (f"\nof {host:g}" if host is not None else ""), justify="right", no_wrap=True)
     table.add_column("evidence", overflow="fold")
     rec = plan.recommended
-    rank = {id(s): i for i, s in enumerate(plan.ranked, start=1)}
+    rank = {id(s): i for i, s in enumerate(plan.candidates, start=1)}
     for section in sections:
         for setup in section:
             best, eta = setup.best, setup.eta
