@@ -82,9 +82,12 @@ def test_without_full_or_lora_the_best_of_each_is_shown_side_by_side_with_what_i
 def test_full_asks_only_about_full_fine_tuning(capsys, monkeypatch):
     out = _plan([*PLAN_8B, "--full"], capsys, monkeypatch)
     plan = _json([*PLAN_8B, "--full"], capsys, monkeypatch)
-    assert plan["recommendation"]["training"] == "full"
-    assert all(plan["ranked"][rank - 1]["training"] == "full" for _, rank in _ranks(out))
+    full = [s for s in plan["ranked"] if s["training"] == "full"]
+    assert plan["recommendation"]["training"] == "full" and _ranks(out)[0] == (True, 1)  # ranked among full setups
     assert "Full fine-tuning or LoRA?" not in out and "Recommendation: " + plan["recommendation"]["label"] in out
+    every = _plan([*PLAN_8B, "--full", "--all"], capsys, monkeypatch)
+    assert sorted(rank for _, rank in _ranks(every)) == list(range(1, len(full) + 1))
+    assert "lora" not in " ".join(line for line in every.splitlines() if RANK_ROW.match(line))
 
 
 @pytest.mark.parametrize("width", [30, 60])
