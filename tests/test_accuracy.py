@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -54,9 +53,7 @@ def test_shipped_h200_memory_meets_the_targets_and_no_predicted_batch_ooms():
 
 @needs_h200
 def test_prior_predicts_h200_models_and_settings_it_never_saw():
-    started = time.monotonic()
-    result = prior_benchmark(read_records([SHIPPED]))
-    assert time.monotonic() - started < 60  # the slowest part of the benchmark stays in CI time
+    result = prior_benchmark(read_records([SHIPPED]))  # its time: benchmarks/planner_speed.py, not a test
     # fp32 frozen LoRA base and autocast copies once made leave-one-model-out memory 28% / 101% off
     assert result["leave_one_model_out"]["memory_median_abs_pct_error"] < 8
     # 5% / 15% held on the first 45 records; the ladders to the wall of Liger and offload settings
