@@ -54,11 +54,11 @@ def print_table(console: Console, table: Table) -> None:
     natural = Measurement.get(console, unbounded, table).maximum
     widths = [widest for _, widest in spans]
     excess = natural - console.width
-    while excess > 0:  # narrow the widest text column, a character at a time
+    while excess > 0:  # narrow the text column with the most room above its longest word, a character at a time
         shrinkable = [k for k, width in enumerate(widths) if width > spans[k][0]]
         if not shrinkable:
             break
-        widths[max(shrinkable, key=lambda k: widths[k])] -= 1
+        widths[max(shrinkable, key=lambda k: widths[k] - spans[k][0])] -= 1
         excess -= 1
     for column, width in zip(table.columns, widths):
         column.width = width
@@ -165,6 +165,7 @@ def _plan_rows(plan: Plan, show_all: bool) -> list[list[SetupPlan]]:
     kinds = ["full", "lora"] if plan.request.training == "any" else [plan.request.training]
     if rec is not None and rec.training in kinds:
         kinds.sort(key=lambda kind: kind != rec.training)
+        rows.sort(key=lambda s: s is not rec)  # on top even when a faster, less measured setup ranks above it
     return [section for kind in kinds if (section := [s for s in rows if s.training == kind])]
 
 
@@ -350,14 +351,15 @@ def _number(value: float, fmt: str) -> str:
 
 
 def scaling_table(scaling: ScalingPlan, failed: dict[Setting, str]) -> Table:
-    """Per training kind and GPU count: its best setup, per-GPU memory, speed and scaling, ETA and cost
-    (GPU-hours when no price was given)."""
+    """Per training kind and GPU count: its best setup, the upper bound of its per-GPU memory (what decides
+    its batch), throughput and scaling, ETA and cost (GPU-hours when no price was given). The predicted mean and
+    seconds per step are in the setups' table below it."""
     request = scaling.request
     priced = request.price_per_gpu_hour is not None
     table = Table(title=f"{request.base.model} on {request.gpu.name}, {_samples(request)}, seq {request.base.seq_len}: "
                         f"best setup per GPU count ({request.budget.usable_bytes / GIB:.1f} GiB usable per GPU)",
                   **COMPACT)
-    for name in ("GPUs", "best setup", "batch", "GiB/GPU\n(upper)", "s/step", "samples\n/s",
+    for name in ("GPUs", "best setup", "batch", "GiB/GPU\nbound", "samples\n/s",
                  "speed-\nup", "effic.", "ETA\nh:mm", "cost" if priced else "GPU-h", "evidence"):
         wraps = name in ("GPUs", "best setup", "evidence")  # '16 (2×8)' may break before its layout
         table.add_column(name, no_wrap=not wraps, justify="left" if wraps else "right", overflow="fold")
@@ -370,8 +372,8 @@ def scaling_table(scaling: ScalingPlan, failed: dict[Setting, str]) -> Table:
                 source = "prior: trial failed"
             spend = row["cost"] if priced else row["hours"] * row["gpus"]
             table.add_row(("→" if bold else "") + _gpus_cell(row), _short_label(row["setup"], request.base.seq_len),
-                          str(row["micro_batch"]), f"{row['reserved_gib']:.1f} ({row['reserved_upper_gib']:.1f})",
-                          f"{row['seconds_per_step']:.2f}", f"{row['samples_per_second']:.1f}",
+                          str(row["micro_batch"]), f"{row['reserved_upper_gib']:.1f}",
+                          f"{row['samples_per_second']:.1f}",
                           _number(row["speedup"], ".1f") + ("" if math.isnan(row["speedup"]) else "x"),
                           _number(row["efficiency"], ".0%") + ("*" if row.get("above_ideal") else ""),
                           format_duration(row["hours"] * 3600),
