@@ -105,11 +105,13 @@ def _integer_batches(axis) -> None:
 def _save(plt, figure, path: Path, title: str, legend_axis=None, columns: int = 5) -> Path:
     """The title on top with one legend for every panel under it (their marks mean the same everywhere):
     the legend carries the title, as a suptitle and a figure legend overlap in matplotlib's layout."""
+    title = textwrap.fill(title, int(figure.get_figwidth() * 8))  # about 8 characters an inch at 15 points
     if legend_axis is None:
         figure.suptitle(title, fontsize=15)
     else:
         handles, labels = legend_axis.get_legend_handles_labels()
-        figure.legend(handles, labels, loc="outside upper center", ncols=min(columns, len(labels)), fontsize=11,
+        fit = max(1, int(figure.get_figwidth() / 3.2))  # entries a row that fit: about 3 inches each
+        figure.legend(handles, labels, loc="outside upper center", ncols=min(columns, len(labels), fit), fontsize=11,
                       title=title, title_fontsize=15, frameon=False)
     figure.savefig(path, dpi=100)
     plt.close(figure)

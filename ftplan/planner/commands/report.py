@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ftplan.core.errors import FtplanError
-from ftplan.core.hardware import load_catalog
+from ftplan.core.hardware import CPU, load_catalog
 from ftplan.core.settings import Setting
 from ftplan.planner.inputs import (
     budget_options,
@@ -58,6 +58,8 @@ def command(model: str | None, out: Path, dataset_size: int, epochs: float, gpu_
     written = [plots.plot_memory(curves, out / plots.MEMORY_PNG), plots.plot_seconds(curves, out / plots.TIME_PNG),
                plots.plot_completion(curves, dataset_size, epochs, out / plots.COMPLETION_PNG)]
     for name, card in cards.items():
+        if card.name == CPU:  # one host's CPU does not scale over GPU counts
+            continue
         links, _ = evidence.links(card, intra_node_bandwidth, inter_node_bandwidth)
         predictor = evidence.predictor_with(links)
         for model_id in sorted({r["model"] for r in records if r.get("gpu_name") == name}):
