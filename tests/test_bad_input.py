@@ -105,3 +105,19 @@ def test_click_usage_errors_are_one_line_without_the_usage_block(args, fragments
     code, _, err = run_ftplan(args, capsys, monkeypatch)
     _assert_one_line_error(code, err, *fragments)
     assert "Usage:" not in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (_replace(ETA, "--dataset-size", "9" * 400), "more than 1e+12 samples"),
+    (_replace(PLAN, "--dataset-size", "9" * 400), "more than 1e+12 samples"),
+    ([*_replace(PLAN, "--dataset-size", 1000), "--gpus", "1..100000"], "use --gpus up to 1,000"),
+])
+def test_numbers_nobody_can_mean_are_refused_with_the_limit(args, fragment, capsys, monkeypatch):
+    _assert_one_line_error(*run_ftplan(args, capsys, monkeypatch)[::2], fragment)
+
+
+def test_a_gpu_spec_too_large_to_be_a_card_is_refused(tmp_path, capsys, monkeypatch):
+    specs = tmp_path / "gpus.csv"
+    specs.write_text("name,memory_gib,bf16_dense_tflops,memory_bandwidth_gbs\nHUGE,1e308,100,1000\n")
+    code, _out, err = run_ftplan([*_replace(PLAN, "--gpu", "HUGE"), "--gpu-specs", specs], capsys, monkeypatch)
+    _assert_one_line_error(code, err, "above 1e+07")

@@ -19,6 +19,7 @@ from ftplan.core.errors import FtplanError
 from ftplan.core.paths import data_dir
 from ftplan.core.units import GIB
 
+MAX_SPEC_VALUE = 1e7  # GiB, TFLOP/s or GB/s: ten thousand times today's largest cards; beyond, arithmetic overflows
 COLUMNS = ("name", "memory_gib", "bf16_dense_tflops", "memory_bandwidth_gbs")
 
 
@@ -112,6 +113,9 @@ def _read_specs(path: Path) -> pd.DataFrame:
         values = pd.to_numeric(frame[column], errors="coerce")
         if values.isna().any() or (values <= 0).any():
             raise FtplanError(f"GPU specs {path}: column {column} must hold positive numbers")
+        if (values > MAX_SPEC_VALUE).any():
+            raise FtplanError(f"GPU specs {path}: column {column} holds a value above {MAX_SPEC_VALUE:.0e}, "
+                              "more than any card has")
     return frame
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ftplan.core.architecture import cached_architecture, load_architecture
-from ftplan.core.hardware import CPU
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.host_memory import host_bytes_per_node
@@ -218,8 +217,6 @@ def warnings_for(plan: Plan) -> list[str]:
     elif rec.best.source == SOURCE_PRIOR:
         found.append(f"{rec.label} was never calibrated on this GPU: the recommendation rests on the "
                      "analytic prior alone; run `ftplan calibrate` for it before committing")
-    if plan.request.gpu.name == CPU and (rec.setting.liger or rec.setting.uses_deepspeed):
-        found.append(_off_the_cpu(plan, rec))
     if rec.setting.offload_optimizer:
         have = plan.request.host_memory_gib
         found.append(f"{rec.label} offloads the optimizer: each node needs at least {rec.host_bytes / GIB:,.1f} GiB "
@@ -228,17 +225,6 @@ def warnings_for(plan: Plan) -> list[str]:
                      + ("pass --host-memory-gib to check your hosts" if have is None
                         else f"your hosts have {have:g} GiB"))
     return found
-
-
-def _off_the_cpu(plan: Plan, rec: SetupPlan) -> str:
-    """The CPU ranks every setup the search enumerates, but Liger's Triton kernels need a CUDA GPU and
-    ftplan never ran DeepSpeed on a CPU: name the best setup a CPU calibration can run."""
-    runs = next((s for s in plan.candidates if not (s.setting.liger or s.setting.uses_deepspeed)), None)
-    uses = " and ".join(w for w, on in (("Liger", rec.setting.liger), ("DeepSpeed ZeRO", rec.setting.uses_deepspeed)) if on)
-    return (f"{rec.label} uses {uses}, which do not run on a CPU here (Liger needs a CUDA GPU; "
-            "`ftplan calibrate --device cpu` skips it; ZeRO was never run on a CPU by ftplan)"
-            + (f": on the CPU, use {runs.label} (batch {runs.batch}, {format_duration(runs.eta.total_seconds)}, "
-               f"{runs.best.evidence})" if runs else ""))
 
 
 def notes_for(plan: Plan) -> list[str]:

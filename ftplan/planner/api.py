@@ -26,6 +26,7 @@ from ftplan.models.communication import Links, describe_layout, estimate_overlap
 from ftplan.models.prediction import Prediction
 from ftplan.planner.commands.options import DEFAULT_GPUS_PER_NODE
 from ftplan.planner.dataset_plan import DatasetOptions, DatasetPlan, dataset_plan_to_dict, plan_dataset_file
+from ftplan.planner.eta import check_samples
 from ftplan.planner.gpu_counts import ScalingPlan, plan_gpu_counts
 from ftplan.planner.inputs import Evidence, load_evidence
 from ftplan.planner.render import plan_to_dict, scaling_to_dict
@@ -99,6 +100,11 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
     if dataset is None and dataset_size is None:
         raise FtplanError("give a dataset size, or a dataset to plan from its token lengths")
     counts = parse_gpu_counts(str(gpus))
+    if dataset_size is not None:
+        check_samples(dataset_size, epochs)
+    if dataset_size is not None and max(counts) > dataset_size * epochs:
+        raise FtplanError(f"{max(counts):,} GPUs for {dataset_size * epochs:,.0f} samples: each GPU needs a sample "
+                          f"per step; use --gpus up to {int(dataset_size * epochs):,}")
     if dataset is not None and len(counts) > 1:
         raise FtplanError("--dataset plans one GPU count at a time; give --gpus N")
     base = Setting(model=model, seq_len=seq_len)

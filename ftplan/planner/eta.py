@@ -28,13 +28,24 @@ class Eta:
 # More optimizer steps than any fine-tune takes (a million steps of a second is eleven days): beyond it
 # an input is a typo, and float arithmetic on it overflows.
 MAX_STEPS = 1e12
+MAX_SAMPLES = 1e12  # more samples than any fine-tuning set (a trillion); larger ones overflow float arithmetic
+
+
+def check_samples(dataset_size: int, epochs: float) -> None:
+    """Refuse a dataset size or epoch count nobody can mean, with the limit, before any arithmetic overflows."""
+    for name, value in (("dataset size", dataset_size), ("epochs", epochs)):
+        if value <= 0:
+            raise FtplanError(f"{name} must be positive, got {value}")
+    if dataset_size > MAX_SAMPLES:
+        shown = f"{dataset_size:,}" if len(str(int(dataset_size))) <= 20 else f"of {len(str(int(dataset_size)))} digits"
+        raise FtplanError(f"dataset size {shown} is more than {MAX_SAMPLES:.0e} samples; check --dataset-size")
 
 
 def steps_to_finish(dataset_size: int, epochs: float, micro_batch: int, world_size: int,
                     accumulation: int = 1) -> int:
     """Optimizer steps for `epochs` passes: ceil(samples·epochs / (micro-batch·accumulation·GPUs))."""
-    for name, value in (("dataset size", dataset_size), ("epochs", epochs), ("batch size", micro_batch),
-                        ("GPU count", world_size), ("gradient accumulation", accumulation)):
+    check_samples(dataset_size, epochs)
+    for name, value in (("batch size", micro_batch), ("GPU count", world_size), ("gradient accumulation", accumulation)):
         if value <= 0:
             raise FtplanError(f"{name} must be positive, got {value}")
     steps = dataset_size * epochs / (micro_batch * accumulation * world_size)

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from ftplan.core.architecture import cached_architecture
 from ftplan.core.errors import FtplanError
-from ftplan.core.hardware import GpuSpec
+from ftplan.core.hardware import CPU, GpuSpec
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.fit import MAX_BATCH, SAFETY_MARGIN, TIME_FLOOR
@@ -228,6 +228,8 @@ def make_plan(predictor: Predictor, request: PlanRequest, extra: Iterable[Settin
     precisions = (request.precision,) if request.precision else DEFAULT_PRECISIONS
     settings = enumerate_settings(request.base, request.lora_ranks,
                                   [s for s in extra if request.precision in (None, s.precision)], precisions)
+    if request.gpu.name == CPU:  # Liger's kernels need CUDA (Triton), DeepSpeed an accelerator
+        settings = [s for s in settings if not s.liger and not s.uses_deepspeed]
     setups = [plan_setup(predictor, s, request) for s in settings]
     fitting = [s for s in setups if s.fits]
     unfit = [s for s in setups if not s.fits]

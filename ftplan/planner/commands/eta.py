@@ -32,7 +32,8 @@ from ftplan.planner.search import fits_budget
 @setting_options
 @click.option("--batch-size", type=int, required=True, help="Micro-batch per GPU.")
 @click.option("--dataset-size", type=int, required=True, help="Training samples per epoch.")
-@click.option("--epochs", type=FINITE_FLOAT, default=1.0, show_default=True)
+@click.option("--epochs", type=FINITE_FLOAT, default=1.0, show_default=True,
+              help="Passes over the dataset (fractions allowed).")
 @click.option("--price-per-hour", type=FINITE_FLOAT, default=None, help="Price per GPU-hour; cost = hours × price × GPUs.")
 @gpu_options
 @link_options

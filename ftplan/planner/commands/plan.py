@@ -38,7 +38,8 @@ host_memory_option = click.option(
 @click.command("plan")
 @click.option("--model", required=True, help="Architecture id (see `ftplan models`) or a path to a config.json.")
 @click.option("--dataset-size", type=int, default=None, help="Training samples per epoch (needed without --dataset).")
-@click.option("--epochs", type=FINITE_FLOAT, default=1.0, show_default=True)
+@click.option("--epochs", type=FINITE_FLOAT, default=1.0, show_default=True,
+              help="Passes over the dataset (fractions allowed).")
 @click.option("--seq-len", type=int, default=2048, show_default=True, help="Tokens per sample (padded).")
 @gpu_options
 @click.option("--gpus", default="1", show_default=True,
