@@ -140,18 +140,51 @@ def run_trial(spec: TrialSpec, timeout: float, trial_command: Sequence[str] | No
         logs = [Path(log_dir or workdir) / f"{spec.setting.key()}-b{spec.micro_batch}-rank{rank}.log"
                 for rank in range(spec.setting.world_size)]
         (workdir / "spec.json").write_text(json.dumps(spec.to_dict()))
-        procs: list[subprocess.Popen] = []
-        reaper = _GroupReaper()
-        try:
-            _start_ranks(spec, workdir, logs, trial_command or TRIAL_COMMAND, procs, reaper)
-            reason, stopped = _watch(procs, started + timeout, timeout)
-        finally:
-            _end_all(procs)
-            reaper.stop()
-        outcomes = [_rank_outcome(rank, proc, workdir / f"result-rank{rank}.json", logs[rank],
-                                  reason if rank in stopped else "")
-                    for rank, proc in enumerate(procs)]
+        ended = run_ranks(_trial_launches(spec, workdir, logs, trial_command or TRIAL_COMMAND), timeout)
+        outcomes = [_rank_outcome(rank, code, workdir / f"result-rank{rank}.json", logs[rank],
+                                  ended.reason if rank in ended.stopped else "")
+                    for rank, code in enumerate(ended.returncodes)]
     return TrialOutcome(outcomes, time.monotonic() - started)
+
+
+@dataclass(frozen=True)
+class RankLaunch:
+    """One rank's command line, environment (None: this process's) and log file."""
+
+    command: list[str]
+    log: Path
+    env: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class RanksEnded:
+    """How the ranks ended: exit codes, and why the watchdog ended those in `stopped` ('' when none)."""
+
+    returncodes: tuple[int, ...]
+    reason: str
+    stopped: frozenset[int]
+
+
+def run_ranks(launches: Sequence[RankLaunch], timeout: float) -> RanksEnded:
+    """Run ranks under the watchdog: each in a process group of its own that dies with this process (its
+    children too, through the reaper); when one fails or time runs out, every other is ended.
+    Calibration trials and network calibration both launch through here."""
+    started = time.monotonic()
+    procs: list[subprocess.Popen] = []
+    reaper = _GroupReaper()
+    try:
+        for launch in launches:
+            launch.log.parent.mkdir(parents=True, exist_ok=True)
+            with open(launch.log, "wb") as log:
+                procs.append(subprocess.Popen(launch.command, env=launch.env, stdin=subprocess.DEVNULL, stdout=log,
+                                              stderr=subprocess.STDOUT, start_new_session=True,
+                                              preexec_fn=_die_with_parent))
+            reaper.watch(procs[-1].pid)  # the rank leads its own process group: its pid is the group's id
+        reason, stopped = _watch(procs, started + timeout, timeout)
+    finally:
+        _end_all(procs)
+        reaper.stop()
+    return RanksEnded(tuple(p.returncode for p in procs), reason, frozenset(stopped))
 
 
 class _GroupReaper:
@@ -177,19 +210,14 @@ class _GroupReaper:
         self._process.stdin.close()
 
 
-def _start_ranks(spec: TrialSpec, workdir: Path, logs: list[Path], trial_command: Sequence[str],
-                 procs: list[subprocess.Popen], reaper: _GroupReaper) -> None:
-    """Start the ranks into procs, so a failure half-way still lets the caller end those started."""
+def _trial_launches(spec: TrialSpec, workdir: Path, logs: list[Path], trial_command: Sequence[str]) -> list[RankLaunch]:
     env = {**os.environ, "WORLD_SIZE": str(len(logs)), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
     if spec.setting.alloc_conf:
         env["PYTORCH_CUDA_ALLOC_CONF"] = spec.setting.alloc_conf
-    for rank, log_path in enumerate(logs):
-        command = [*trial_command, "--spec", str(workdir / "spec.json"), "--result", str(workdir / f"result-rank{rank}.json")]
-        with open(log_path, "wb") as log:
-            procs.append(subprocess.Popen(command, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True, preexec_fn=_die_with_parent))
-        reaper.watch(procs[-1].pid)  # the rank leads its own process group: its pid is the group's id
+    return [RankLaunch([*trial_command, "--spec", str(workdir / "spec.json"),
+                        "--result", str(workdir / f"result-rank{rank}.json")],
+                       log, {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)})
+            for rank, log in enumerate(logs)]
 
 
 def _die_with_parent() -> None:
@@ -239,17 +267,17 @@ def _signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
         pass
 
 
-def _rank_outcome(rank: int, proc: subprocess.Popen, result_path: Path, log_path: Path, stopped_because: str) -> RankOutcome:
+def _rank_outcome(rank: int, returncode: int, result_path: Path, log_path: Path, stopped_because: str) -> RankOutcome:
     """The rank's own result when it wrote one; else why it ended, with its last log line."""
     result = _read_result(result_path)
     if result.get("status") in ("ok", "oom", "error"):
         return RankOutcome(rank, result["status"], str(result.get("message", "")), result)
     if stopped_because:
         return RankOutcome(rank, "error", stopped_because, result, stopped=True)
-    if proc.returncode == EXIT_OOM:
+    if returncode == EXIT_OOM:
         return RankOutcome(rank, "oom", "exited with the out-of-memory code", result)
-    ending = "exited without writing a result" if proc.returncode == EXIT_OK else _describe_exit(proc.returncode)
-    tail = _last_line(log_path)
+    ending = "exited without writing a result" if returncode == EXIT_OK else _describe_exit(returncode)
+    tail = last_line(log_path)
     return RankOutcome(rank, "error", f"{ending}: {tail}" if tail else ending, result)
 
 
@@ -260,7 +288,7 @@ def _describe_exit(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
-def _last_line(path: Path) -> str:
+def last_line(path: Path) -> str:
     try:
         lines = path.read_bytes()[-4096:].decode(errors="replace").strip().splitlines()
     except OSError:

@@ -21,10 +21,8 @@ import math
 import platform
 import re
 import socket
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -162,26 +160,16 @@ def measure_allreduce(spec: NetworkSpec, timeout: float, log_dir: Path | None = 
 
 
 def _run_local_ranks(commands: list[list[str]], logs: list[Path], timeout: float) -> str:
-    """Start the ranks under ftplan.calibration.launcher's watchdog (every rank ends when one dies or time
-    runs out); return why they failed, or '' when all succeeded."""
-    for log in logs:
-        log.parent.mkdir(parents=True, exist_ok=True)
-    procs: list[subprocess.Popen] = []
-    try:
-        for command, log_path in zip(commands, logs):
-            with open(log_path, "wb") as log:
-                procs.append(subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                              start_new_session=True, preexec_fn=launcher._die_with_parent))
-        reason, stopped = launcher._watch(procs, time.monotonic() + timeout, timeout)
-    finally:
-        launcher._end_all(procs)
-    failed = [rank for rank, p in enumerate(procs) if p.returncode != launcher.EXIT_OK]
+    """Run the ranks under the launcher's watchdog (every rank ends when one dies or time runs out);
+    return why they failed, or '' when all succeeded."""
+    ended = launcher.run_ranks([launcher.RankLaunch(command, log) for command, log in zip(commands, logs)], timeout)
+    failed = [rank for rank, code in enumerate(ended.returncodes) if code != launcher.EXIT_OK]
     if not failed:
         return ""
-    culprit = next((rank for rank in failed if rank not in stopped), None)
+    culprit = next((rank for rank in failed if rank not in ended.stopped), None)
     if culprit is None:  # none failed on its own: the deadline ended them
-        return f"{reason}: {launcher._last_line(logs[failed[0]])}"
-    return f"local rank {culprit} exited with code {procs[culprit].returncode}: {launcher._last_line(logs[culprit])}"
+        return f"{ended.reason}: {launcher.last_line(logs[failed[0]])}"
+    return f"local rank {culprit} exited with code {ended.returncodes[culprit]}: {launcher.last_line(logs[culprit])}"
 
 
 def build_network_record(spec: NetworkSpec, table: pd.DataFrame, fit: AlphaBeta, command: str) -> dict:
