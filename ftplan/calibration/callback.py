@@ -293,7 +293,7 @@ class _Run:
     def _see_failure(self, module, args, output) -> None:
         """Forward hook, also run when forward raised (then output is None): note an OOM the user's code may catch."""
         error = sys.exc_info()[1]
-        if output is None and module.training and self.oom_seen is None and error is not None and _is_oom(error):
+        if output is None and module.training and self.oom_seen is None and error is not None and measure.is_oom(error):
             self.oom_seen = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
 
     def note_oom(self) -> None:
@@ -387,7 +387,7 @@ def _status(interruption: BaseException | str | None, steps_measured: int, run: 
     if interruption is not None:
         why = interruption if isinstance(interruption, str) else f"{type(interruption).__name__}: {interruption}"
         why = why.splitlines()[0][:300]
-        if _is_oom(interruption):
+        if measure.is_oom(interruption):
             return "oom", f"out of memory after {steps_measured} measured step(s): {why}"
         notes.append(f"interrupted after {steps_measured} measured step(s): {why}")
     if oom_seen:
@@ -397,14 +397,6 @@ def _status(interruption: BaseException | str | None, steps_measured: int, run: 
     if run.seq_len_min != run.seq_len_max:
         notes.append(f"sequence lengths varied {run.seq_len_min}-{run.seq_len_max}; seq_len is the longest")
     return "ok", "; ".join(notes)
-
-
-def _is_oom(interruption) -> bool:
-    if not isinstance(interruption, BaseException):
-        return False
-    import torch
-
-    return isinstance(interruption, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(interruption)
 
 
 def _prediction_fields(prediction) -> dict | None:

@@ -95,3 +95,16 @@ def machine_id(pinned: str | None = None) -> str:
 def default_records_path() -> Path:
     """Where `ftplan calibrate` and FtplanCallback write by default, so both kinds of record land in one file."""
     return Path("calibrations") / f"{machine_id()}.jsonl"
+
+
+# What a CUDA, cuBLAS or host allocation failure says when it is not raised as OutOfMemoryError.
+OOM_MARKERS = ("out of memory", "CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED")
+
+
+def is_oom(exc: object) -> bool:
+    """Whether an exception is the run running out of memory (GPU or host), however it was raised."""
+    if not isinstance(exc, BaseException):
+        return False
+    import torch
+
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or any(marker in str(exc) for marker in OOM_MARKERS)

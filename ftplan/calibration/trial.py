@@ -27,7 +27,6 @@ from ftplan.core.architecture import load_architecture
 from ftplan.core.settings import Setting
 
 EXIT_OK, EXIT_ERROR, EXIT_OOM = 0, 1, 3
-OOM_MARKERS = ("out of memory", "CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED")
 
 
 def _liger_patch(model_type: str):
@@ -226,12 +225,6 @@ def run_trial(spec: dict) -> dict:
     }  # ds_numel: under ZeRO-3 a parameter's local numel() is only its partition
 
 
-def _is_oom(exc: BaseException) -> bool:
-    import torch
-
-    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or any(m in str(exc) for m in OOM_MARKERS)
-
-
 def write_result(path: Path, result: dict) -> None:
     """Atomically, so the launcher never reads half a result."""
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -257,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:  # noqa: BLE001 - every failure must become a result, never a hang
         if isinstance(exc, KeyboardInterrupt):
             raise
-        oom = _is_oom(exc)
+        oom = measure.is_oom(exc)
         message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
         if not oom:
             traceback.print_exc()
