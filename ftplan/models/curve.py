@@ -47,7 +47,6 @@ class Curve:
     n_points: int
     r2: float | None
     bound_lines: tuple[Line, ...] = ()  # phases the points never saw, at their steepest plausible slope
-    widening_per_doubling: float = 0.0  # relative widening per doubling beyond feature_max
 
     def features(self, batch: np.ndarray, seq_len: np.ndarray) -> np.ndarray:
         return features(np.asarray(batch, float), np.asarray(seq_len, float), self.seq_ref)
@@ -58,13 +57,12 @@ class Curve:
 
     def predict(self, batch: int, seq_len: int) -> Estimate:
         """Mean and upper bound; the bound widens with the distance beyond the largest calibrated point:
-        the residuals' share grows linearly, a relative share per doubling (sized by benchmarks/accuracy.py
-        from held-out larger batches), and any phase the points never reached enters at its steepest slope."""
+        the residuals' share grows linearly with it, and any phase the points never reached enters at its
+        steepest slope (the held-out errors that size these: `python benchmarks/accuracy.py`)."""
         x = self.features(np.array([batch]), np.array([seq_len]))
         mean = float(np.max([line(x) for line in self.lines]))
         widen = max(1.0, float(x[0, 0]) / self.feature_max)
-        relative = self.floor_fraction + self.widening_per_doubling * np.log2(widen)
-        upper = mean + max(Z_95 * self.sigma * widen, relative * abs(mean))
+        upper = mean + max(Z_95 * self.sigma * widen, self.floor_fraction * abs(mean))
         upper = max([upper, *(float(line(x)[0]) for line in self.bound_lines)])
         return Estimate(mean=mean, upper=upper)
 
@@ -76,7 +74,6 @@ class Curve:
     def to_json(self) -> dict:
         return {"lines": _lines_json(self.lines), "bound_lines": _lines_json(self.bound_lines),
                 "seq_ref": self.seq_ref, "sigma": self.sigma, "floor_fraction": self.floor_fraction,
-                "widening_per_doubling": self.widening_per_doubling,
                 "feature_max": self.feature_max, "n_points": self.n_points, "r2": self.r2}
 
     @classmethod
@@ -84,7 +81,6 @@ class Curve:
         return cls(lines=_lines_from_json(data["lines"]), bound_lines=_lines_from_json(data["bound_lines"]),
                    seq_ref=data["seq_ref"], sigma=float(data["sigma"]),
                    floor_fraction=float(data["floor_fraction"]), feature_max=float(data["feature_max"]),
-                   widening_per_doubling=float(data["widening_per_doubling"]),
                    n_points=int(data["n_points"]), r2=data["r2"])
 
 
@@ -144,7 +140,7 @@ def with_line_below_points(curve: Curve, slopes: tuple[float, ...], batch, seq_l
     x = curve.features(np.asarray(batch, float), np.asarray(seq_len, float))
     finished = _finish(tuple(dict.fromkeys((*curve.lines, line))), curve.seq_ref, x, np.asarray(y, float),
                        curve.floor_fraction)
-    return replace(finished, bound_lines=curve.bound_lines, widening_per_doubling=curve.widening_per_doubling)
+    return replace(finished, bound_lines=curve.bound_lines)
 
 
 def best_knot(batch: np.ndarray, y: np.ndarray) -> float | None:

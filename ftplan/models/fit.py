@@ -66,9 +66,6 @@ MAX_BATCH = 4096      # search ceiling when memory stops growing with batch
 # means the points sit in another phase (the optimizer step), and never sets the large-batch slope.
 ACTIVATION_SLOPE_LOW = 0.84
 ACTIVATION_SLOPE_HIGH = 1.16
-# Relative widening of the allocated-memory bound per doubling beyond the largest calibrated batch,
-# sized from held-out larger batches by `python benchmarks/accuracy.py` (its "widening" line).
-ALLOCATED_WIDENING_PER_DOUBLING = 0.0
 
 
 @dataclass(frozen=True)
@@ -294,7 +291,7 @@ def with_activation_phase(curve: Curve, healthy: list[dict], record: dict) -> Cu
     """
     per_token = _prior_bytes_per_token(record)
     if not per_token:
-        return replace(curve, widening_per_doubling=ALLOCATED_WIDENING_PER_DOUBLING)
+        return curve
     seq_ref = curve.seq_ref or record["seq_len"]
     slopes = (per_token * seq_ref,) if curve.seq_ref is None else (per_token * seq_ref, 0.0)
     columns = _columns(healthy, "peak_allocated_bytes")
@@ -302,7 +299,7 @@ def with_activation_phase(curve: Curve, healthy: list[dict], record: dict) -> Cu
         curve = with_line_below_points(curve, tuple(ACTIVATION_SLOPE_LOW * s for s in slopes), *columns)
         steepest = line_below_points(curve, tuple(ACTIVATION_SLOPE_HIGH * s for s in slopes), *columns)
         curve = replace(curve, bound_lines=(steepest,))
-    return replace(curve, widening_per_doubling=ALLOCATED_WIDENING_PER_DOUBLING)
+    return curve
 
 
 def _prior_bytes_per_token(record: dict) -> float:
