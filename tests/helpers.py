@@ -6,7 +6,12 @@ physics says; they are not measurements and never leave the tests.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ftplan.core.hardware import GpuSpec
 from ftplan.core.records import build_record
@@ -92,3 +97,12 @@ def synthetic_records(batches, seq_lens=(2048,), memory=None, seconds=None, sett
                          peak_allocated_bytes=memory(b, s), peak_reserved_bytes=memory(b, s) + GIB,
                          seconds_per_step=seconds(b, s), num_alloc_retries=0, **extra)
             for s in seq_lens for b in batches]
+
+
+FAKE_TRIAL_FTPLAN = (sys.executable, str(Path(__file__).parent / "fixtures" / "ftplan_with_fake_trial.py"))
+
+
+def start_fake_calibration(args, out: Path, behaviour: dict, **popen) -> subprocess.Popen:
+    """`ftplan calibrate` as a real process whose trials are the fake trial (FAKE_TRIAL=behaviour), appending to out."""
+    env = {**os.environ, "FAKE_TRIAL": json.dumps(behaviour)}
+    return subprocess.Popen([*FAKE_TRIAL_FTPLAN, *args, "--out", str(out)], env=env, text=True, **popen)

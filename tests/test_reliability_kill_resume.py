@@ -7,8 +7,6 @@ reproduces), the same file survives a chain of kills, and the writer is killed i
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import subprocess
 import sys
@@ -20,9 +18,9 @@ import pytest
 
 from ftplan.calibration.runner import known_outcomes
 from ftplan.core.records import RecordWarning, read_records
+from tests.helpers import start_fake_calibration
 
 FIXTURES = Path(__file__).parent / "fixtures"
-FTPLAN = (sys.executable, str(FIXTURES / "ftplan_with_fake_trial.py"))
 WRITER = (sys.executable, str(FIXTURES / "reliability" / "record_writer.py"))
 # Two settings (Liger off/on), ladder 1, 2, 4, 8 on each: eight trials of ~0.15 s.
 ARGS = ("calibrate", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "64", "--liger", "both",
@@ -31,9 +29,8 @@ ALL_TRIALS = 8
 
 
 def _calibrate(out: Path, starts: Path) -> subprocess.Popen:
-    env = {**os.environ, "FAKE_TRIAL": json.dumps({"sleep": 0.15, "log": str(starts)})}
-    return subprocess.Popen([*FTPLAN, *ARGS, "--out", str(out)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    return start_fake_calibration(ARGS, out, {"sleep": 0.15, "log": str(starts)}, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE)
 
 
 def _trials(out: Path) -> list[tuple[str, int]]:

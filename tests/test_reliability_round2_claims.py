@@ -4,25 +4,22 @@ and a duplicate measurement of one trial in a file is reported, not averaged int
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 from ftplan.core.records import RecordWarning, build_record, read_records
 from ftplan.core.settings import Setting
+from tests.helpers import start_fake_calibration
 
-FTPLAN = (sys.executable, str(Path(__file__).parent / "fixtures" / "ftplan_with_fake_trial.py"))
 ARGS = ("calibrate", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "64", "--gradient-checkpointing", "both",
         "--max-batch", "4", "--machine", "test-box")
 ALL_TRIALS = 6
 
 
 def start(out: Path, starts: Path) -> subprocess.Popen:
-    env = {**os.environ, "FAKE_TRIAL": json.dumps({"sleep": 0.3, "log": str(starts)})}
-    return subprocess.Popen([*FTPLAN, *ARGS, "--out", str(out)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return start_fake_calibration(ARGS, out, {"sleep": 0.3, "log": str(starts)}, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT)
 
 
 def started_trials(*logs: Path) -> list[tuple[str, str]]:

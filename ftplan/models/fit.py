@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ftplan.core.architecture import cached_architecture
+from ftplan.core.architecture import Architecture, cached_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import find_gpu
 from ftplan.core.settings import Setting
@@ -302,24 +302,24 @@ def with_activation_phase(curve: Curve, healthy: list[dict], record: dict) -> Cu
     return curve
 
 
+def _known(record: dict) -> tuple[Architecture, Setting] | None:
+    """The record's architecture and setting; None for an architecture not known here (its terms drop out)."""
+    try:
+        return cached_architecture(record["model"]), Setting.from_dict(record)
+    except FtplanError:
+        return None
+
+
 def _prior_bytes_per_token(record: dict) -> float:
     """The prior's activation and loss bytes per token of this setting; 0 for an unknown architecture."""
-    try:
-        arch = cached_architecture(record["model"])
-    except FtplanError:
-        return 0.0
-    setting = Setting.from_dict(record)
-    return memory_terms(arch, setting).per_sample / setting.seq_len
+    known = _known(record)
+    return memory_terms(*known).per_sample / known[1].seq_len if known else 0.0
 
 
 def _logit_bytes_per_token(record: dict) -> float:
-    """Bytes of one fp32 logits tensor per token; 0 for an architecture not known here (no term)."""
-    try:
-        arch = cached_architecture(record["model"])
-    except FtplanError:
-        return 0.0
-    setting = Setting.from_dict(record)
-    return logit_elements_per_sample(arch, setting) * FP32_BYTES / setting.seq_len
+    """Bytes of one fp32 logits tensor per token; 0 for an unknown architecture (no term)."""
+    known = _known(record)
+    return logit_elements_per_sample(*known) * FP32_BYTES / known[1].seq_len if known else 0.0
 
 
 def _compute_slopes(time: Curve, record: dict, rate: ComputeRate) -> tuple[float, ...] | None:
