@@ -35,6 +35,12 @@ case "${1:?call number}" in
     cal --model qwen2.5-0.5b --precision bf16-pure --max-batch 64 --steps 3 --warmup-steps 1
     cal --model llama-3.2-1b --zero-stage 2 --offload on --liger on --max-batch 256 --steps 3 --warmup-steps 1
     cal --model llama-3.2-1b --zero-stage 3 --max-batch 64 --steps 3 --warmup-steps 1 ;;
+3)  # a user's Trainer run with FtplanCallback (issue 19); held-out checkpointing ladders for the phase rule
+    timeout 200 python3 benchmarks/gpu/callback_check.py "$OUT/callback" 2>&1 | tail -n 25
+    cal --model llama-3.2-1b --gradient-checkpointing on --liger on --batch-sizes 1,2,4
+    cal --model llama-3.2-1b --gradient-checkpointing on --batch-sizes 1,2,4
+    cal --model llama-3.2-1b --gradient-checkpointing on --liger on --max-batch 256 --steps 2 --warmup-steps 1
+    cal --model llama-3.2-1b --gradient-checkpointing on --max-batch 64 --steps 2 --warmup-steps 1 ;;
 *)  echo "unknown call $1"; exit 2 ;;
 esac
 echo "== done after $((SECONDS - start)) s"
