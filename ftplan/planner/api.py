@@ -90,7 +90,8 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
          safety_margin: float | None = None, context_reserve_gib: float = 0.0, host_memory_gib: float | None = None,
          calibrations: Sequence[Path | str] = (), gpu_specs: Path | str | None = None,
          dataset: Path | str | None = None, dataset_options: DatasetOptions | None = None,
-         text_field: str | None = None, ids_field: str | None = None, tokenizer: Path | str | None = None) -> PlanResult:
+         text_field: str | None = None, ids_field: str | None = None, tokenizer: Path | str | None = None,
+         chars_per_token: float | None = None) -> PlanResult:
     """Every setup ranked for this run, as `ftplan plan` with the same options (gpus: a count, or '1..64').
 
     With a dataset file, its own token lengths set the sample count, the longest batch (memory) and the
@@ -130,7 +131,7 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
         if dataset is not None:
             dataset_plan, dataset_lines = plan_dataset_file(
                 predictor, request, Path(dataset), dataset_options or DatasetOptions(), text_field, ids_field,
-                Path(tokenizer) if tokenizer else None, extra)
+                Path(tokenizer) if tokenizer else None, extra, chars_per_token)
             result_plan = dataset_plan.plan
     else:
         scaling = plan_gpu_counts(predictor, request, counts, gpus_per_node, extra)

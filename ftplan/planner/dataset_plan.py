@@ -28,7 +28,7 @@ from ftplan.planner.batching import (
     saturating_batch,
     split_global_batch,
 )
-from ftplan.planner.dataset import load_lengths
+from ftplan.planner.dataset import CHARS_PER_TOKEN, DatasetLengths, load_lengths
 from ftplan.planner.eta import MAX_STEPS, Eta
 from ftplan.planner.search import Plan, PlanRequest, Predictor, SetupPlan, make_plan
 
@@ -183,14 +183,31 @@ def describe_batching(choice: SetupBatching, strategy: str) -> list[str]:
 
 def plan_dataset_file(predictor: Predictor, request: PlanRequest, path: Path, options: DatasetOptions,
                       text_field: str | None = None, ids_field: str | None = None, tokenizer: Path | None = None,
-                      extra: Iterable[Setting] = ()) -> tuple[DatasetPlan, list[str]]:
+                      extra: Iterable[Setting] = (), chars_per_token: float | None = None,
+                      ) -> tuple[DatasetPlan, list[str]]:
     """`ftplan plan --dataset`: read the lengths, plan with them, and the lines that explain both."""
-    read = load_lengths(path, text_field, ids_field, tokenizer)
+    read = load_lengths(path, text_field, ids_field, tokenizer, chars_per_token or CHARS_PER_TOKEN)
     result = plan_from_lengths(predictor, request, read.lengths, options, extra)
     lines = describe_lengths(result.stats, result.limited, read.method)
     if result.recommended is not None:
         lines += describe_batching(result.recommended, options.strategy)
     return result, lines
+
+
+def calibration_length(read: DatasetLengths, limit: int | None = None,
+                       too_long: str = "truncate") -> tuple[int, list[str]]:
+    """`ftplan calibrate --dataset`: the sequence length to calibrate at, and the lines that explain it.
+
+    That is the longest sample left after the limit: a run meets every sample once an epoch and its peak
+    is set by the longest micro-batch (the memory length of plan_from_lengths), so trials at this length
+    measure in their first step the peak a real run hits when the long samples arrive.
+    """
+    limited = apply_limit(read.lengths, limit, too_long)
+    length = int(limited.lengths.max())
+    lines = describe_lengths(LengthStats.of(read.lengths), limited, read.method)
+    lines.append(f"Calibrating at the dataset's longest sample{' left after the limit' if limited.over else ''}, "
+                 f"{length:,} tokens: the peak a real run meets when its longest micro-batch arrives.")
+    return length, lines
 
 
 def dataset_plan_to_dict(result: DatasetPlan, lines: list[str]) -> dict:

@@ -31,7 +31,10 @@ from ftplan.core.architecture import ALL_LINEAR_TARGETS, load_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.settings import PRECISIONS, Setting
 from ftplan.core.units import GIB
+from ftplan.planner.commands.dataset_options import check_dataset_options, dataset_options
 from ftplan.planner.commands.options import positive_int_list
+from ftplan.planner.dataset import CHARS_PER_TOKEN, load_lengths
+from ftplan.planner.dataset_plan import calibration_length
 
 # Three small batches fix the lines of the phases they sit in; the verify trials then test the plan
 # itself: on the shipped ladders a safe, median-exact largest batch in about five trials
@@ -66,7 +69,9 @@ def _switch(value: str) -> tuple[bool, ...]:
               help="Machine id stored in every record.  [default: $FTPLAN_MACHINE_ID, else the one --out's records "
                    "carry, else the host name]")
 @click.option("--seq-len", "seq_lens", type=click.IntRange(min=1), multiple=True,
-              help="Tokens per sample; repeatable.  [default: 2048 on cuda, 256 on cpu]")
+              help="Tokens per sample; repeatable. With --dataset: the longest a sample may be.  "
+                   "[default: 2048 on cuda, 256 on cpu; with --dataset, its longest sample]")
+@dataset_options
 @click.option("--zero-stage", "zero_stages", type=click.IntRange(0, 3), multiple=True, default=(0,), show_default=True,
               help="DeepSpeed ZeRO stage, 0 = no DeepSpeed; repeatable.")
 @click.option("--offload", type=SWITCH, default="off", show_default=True, help="Optimizer offload to CPU (needs ZeRO).")
@@ -101,7 +106,9 @@ def _switch(value: str) -> tuple[bool, ...]:
               help="Keep every rank's log here (by default logs are deleted; failures quote their last line).")
 @click.pass_context
 def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path | None, machine: str | None,
-            seq_lens: tuple[int, ...], zero_stages: tuple[int, ...], offload: str, liger: str,
+            seq_lens: tuple[int, ...], dataset: Path | None, text_field: str | None, ids_field: str | None,
+            tokenizer: Path | None, chars_per_token: float | None, too_long: str,
+            zero_stages: tuple[int, ...], offload: str, liger: str,
             gradient_checkpointing: str, lora_ranks: tuple[int, ...], lora_targets: tuple[str, ...],
             precision: str | None,
             gpus: int,
@@ -112,6 +119,11 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
     Each trial runs in its own processes under a watchdog; every finished trial is appended at once,
     and re-running the same command skips what is already recorded.
     """
+    check_dataset_options(ctx.params)
+    console = Console(soft_wrap=True)
+    if dataset is not None:
+        seq_lens = (dataset_seq_len(dataset, text_field, ids_field, tokenizer, chars_per_token, seq_lens, too_long,
+                                    console),)
     seq_lens = seq_lens or (DEFAULT_SEQ_LEN[device],)
     precision = precision or DEFAULT_PRECISION[device]
     ctx.params.update(seq_lens=seq_lens, precision=precision)  # the command line kept in every record names them
@@ -128,11 +140,23 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
                            batch_sizes=QUICK_BATCH_SIZES if quick else batch_sizes,
                            machine_id=machine, command=_command_line(ctx), log_dir=log_dir)
     _check_writable(plan.out)
-    console = Console(soft_wrap=True)
     console.print(f"calibrating {len(settings)} setting(s) on {device}, appending to {plan.out}")
     with _sigterm_as_interrupt(), RichProgress(console) as progress:
         records = calibrate(settings, plan, progress)
     console.print(f"{len(records)} new record(s) in {plan.out}")
+
+
+def dataset_seq_len(dataset: Path, text_field: str | None, ids_field: str | None, tokenizer: Path | None,
+                    chars_per_token: float | None, seq_lens: tuple[int, ...], too_long: str, console: Console) -> int:
+    """The dataset's longest sample (capped by one --seq-len), printed with the length distribution it comes from."""
+    if len(seq_lens) > 1:
+        raise click.UsageError("with --dataset, calibration runs at its longest sample; give at most one --seq-len, "
+                               "the longest a sample may be")
+    read = load_lengths(dataset, text_field, ids_field, tokenizer, chars_per_token or CHARS_PER_TOKEN)
+    length, lines = calibration_length(read, seq_lens[0] if seq_lens else None, too_long)
+    for line in lines:
+        console.print(line)
+    return length
 
 
 def expand_settings(models, seq_lens, zero_stages, offloads, ligers, checkpointings, lora_ranks, lora_targets,

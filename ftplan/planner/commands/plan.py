@@ -12,7 +12,8 @@ from click.core import ParameterSource
 from ftplan.core.errors import FtplanError
 from ftplan.core.settings import PRECISIONS
 from ftplan.planner import api
-from ftplan.planner.batching import STRATEGIES, TOO_LONG
+from ftplan.planner.batching import STRATEGIES
+from ftplan.planner.commands.dataset_options import check_dataset_options, dataset_options
 from ftplan.planner.commands.options import DEFAULT_GPUS_PER_NODE, positive_int_list, step_time_cv_option
 from ftplan.planner.dataset_plan import DatasetOptions
 from ftplan.planner.inputs import (
@@ -73,14 +74,7 @@ host_memory_option = click.option(
                    "new or empty folder.")
 @click.option("--force", is_flag=True,
               help="With --emit into a folder that is not empty: replace the files ftplan wrote there, keep the rest.")
-@click.option("--dataset", type=click.Path(path_type=Path), default=None,
-              help="Plan from this dataset's token lengths (JSONL, JSON, CSV, Parquet or a save_to_disk folder) "
-                   "instead of --dataset-size × --seq-len; --seq-len, if given, is the longest a sample may be.")
-@click.option("--text-field", default=None, help="With --dataset: the text field.  [default: text, or messages]")
-@click.option("--ids-field", default=None, help="With --dataset: a field of token ids, counted as they are.")
-@click.option("--tokenizer", type=click.Path(path_type=Path), default=None,
-              help="With --dataset: a local tokenizer folder or tokenizer.json; without it, tokens are estimated "
-                   "from characters.")
+@dataset_options
 @click.option("--batching", "batching_strategy", type=click.Choice(STRATEGIES), default="dynamic", show_default=True,
               help="With --dataset: pad every sample to the longest, dynamic padding in random order, "
                    "group_by_length, or packing into rows of --pack-length.")
@@ -89,20 +83,20 @@ host_memory_option = click.option(
 @click.option("--global-batch", type=click.IntRange(min=1), default=None,
               help="With --dataset: samples (packed rows) per optimizer step; the plan splits it into micro-batch × "
                    "gradient accumulation × GPUs.")
-@click.option("--too-long", type=click.Choice(TOO_LONG), default="truncate", show_default=True,
-              help="With --dataset: what to do with samples longer than --seq-len (or --pack-length).")
 def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name: str, gpu_specs: Path | None,
             gpus: str, gpus_per_node: int, step_time_cv: float | None, intra_node_bandwidth: str | None,
             inter_node_bandwidth: str | None, price_per_hour: float | None, max_hours: float | None, by: str, training: str,
             lora_ranks: tuple[int, ...], precision: str | None, safety_margin: float | None, context_reserve_gib: float,
             host_memory_gib: float | None, calibrations: tuple[Path, ...], as_json: bool, show_all: bool,
             emit: Path | None, force: bool, dataset: Path | None = None, text_field: str | None = None,
-            ids_field: str | None = None, tokenizer: Path | None = None, batching_strategy: str = "dynamic",
-            pack_length: int | None = None, global_batch: int | None = None, too_long: str = "truncate") -> None:
+            ids_field: str | None = None, tokenizer: Path | None = None, chars_per_token: float | None = None,
+            too_long: str = "truncate", batching_strategy: str = "dynamic", pack_length: int | None = None,
+            global_batch: int | None = None) -> None:
     """Which setup finishes fastest (or cheapest) on this GPU, with its largest safe batch, ETA and cost;
     with several GPU counts, how full and LoRA fine-tuning scale and which count to use."""
     if dataset is None and dataset_size is None:
         raise click.UsageError("Missing option '--dataset-size' (or --dataset, to plan from its token lengths)")
+    check_dataset_options(click.get_current_context().params)
     seq_len_given = click.get_current_context().get_parameter_source("seq_len") != ParameterSource.DEFAULT
     options = DatasetOptions(batching_strategy, pack_length or (seq_len if batching_strategy == "pack" else None),
                              seq_len if seq_len_given else None, too_long, global_batch)
@@ -113,7 +107,7 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
                       safety_margin=safety_margin, context_reserve_gib=context_reserve_gib,
                       host_memory_gib=host_memory_gib, calibrations=calibrations, gpu_specs=gpu_specs,
                       dataset=dataset, dataset_options=options, text_field=text_field, ids_field=ids_field,
-                      tokenizer=tokenizer)
+                      tokenizer=tokenizer, chars_per_token=chars_per_token)
     plan, scaling, failed = result.plan, result.scaling, result.failed
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
