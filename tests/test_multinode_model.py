@@ -153,3 +153,62 @@ def test_every_published_measurement_cites_its_source_and_quotes_it():
     for row in rows.to_dict("records"):
         if row["unit"] != "speed-up":
             assert row["baseline_value"] in row["quote"] and row["target_value"] in row["quote"], row["id"]
+
+
+def test_a_tcp_link_shared_by_eight_gpus_carries_about_half_of_what_one_gpu_gets():
+    """NVIDIA/nccl#209, #398, #450: all_reduce_perf over TCP sockets reaches 96-98% of line rate with
+    one GPU per node and 32-72% with eight (data/tcp_allreduce.csv)."""
+    from ftplan.models.communication import socket_sharing_factor
+
+    assert socket_sharing_factor(1) == 1.0
+    assert 0.4 <= socket_sharing_factor(8) <= 0.6
+    factors = [socket_sharing_factor(g) for g in range(1, 17)]
+    assert factors == sorted(factors, reverse=True)
+    tcp = links_from_catalog("nvlink3", "10gbe")
+    nbytes = 10**9
+    one_per_node = ring_seconds(nbytes, 1, 1, 2, tcp) - ring_seconds(1, 1, 1, 2, tcp)
+    eight_per_node = ring_seconds(nbytes, 1, 8, 2, tcp) - ring_seconds(1, 1, 8, 2, tcp)
+    # per-link bytes (N-1)/N: 1/2 at 2 ranks, 15/16 at 16; the rest is the shared NIC's slowdown
+    assert eight_per_node / one_per_node == pytest.approx((15 / 16) / (1 / 2) / socket_sharing_factor(8), rel=1e-3)
+
+
+def test_rdma_and_nvlink_links_are_not_discounted_as_sockets():
+    assert links_from_catalog("nvlink4", "cloud").inter_socket
+    for inter in ("ib-ndr", "efa-p4d", "100gbe", "nvlink4"):
+        assert not links_from_catalog("nvlink4", inter).inter_socket
+
+
+def test_zero2_reduce_scatters_every_micro_step_and_gathers_the_update_once():
+    """deepspeedai/DeepSpeed#2252: ZeRO-2 reduces after every backward (each rank keeps only its
+    partition); ZeRO-1/2 all-gather the updated parameters once, after the optimizer step."""
+    from ftplan.models.communication import data_parallel_step_seconds
+
+    nbytes, micro, compute = 286 * 10**6, 8, 0.5
+    one_pass = sum(collective_seconds(b, 1, 2, 2, CLOUD) for b in gradient_buckets(nbytes, 4 * 10**8))
+    step = data_parallel_step_seconds(compute, nbytes, 2, 2, CLOUD, overlap=0.0, bucket_bytes=4 * 10**8,
+                                      micro_steps=micro, zero_stage=2)
+    assert step == pytest.approx(micro * compute + (micro + 1) * one_pass)
+    ddp = data_parallel_step_seconds(compute, nbytes, 2, 2, CLOUD, overlap=0.0, bucket_bytes=4 * 10**8,
+                                     micro_steps=micro)
+    assert ddp < step  # DDP's no_sync reduces once a step
+
+
+def test_accumulation_averages_the_slowest_ranks_lead_over_its_micro_steps():
+    from ftplan.models.communication import data_parallel_step_seconds
+
+    cv, ranks, micro = 0.1, 64, 4
+    step = data_parallel_step_seconds(1.0, 0, 8, 8, CLOUD, step_time_cv=cv, micro_steps=micro)
+    assert step == pytest.approx(micro * (1 + cv / math.sqrt(micro) * expected_max_normal(ranks)))
+    every = data_parallel_step_seconds(1.0, 0, 8, 8, CLOUD, step_time_cv=cv, micro_steps=micro, zero_stage=2)
+    assert every == pytest.approx(micro * straggler_factor(cv, ranks))
+
+
+def test_qwen_rows_carry_the_lora_rank_their_scripts_ran_with():
+    """QwenLM/Qwen finetune.py at 35023b6 (the commit that added the multinode figures): lora_r 64 on
+    c_attn, c_proj (attention and MLP), w1, w2 of 32 layers, hidden 4096, MLP 11008."""
+    import pandas as pd
+
+    per_layer = 64 * ((4096 + 3 * 4096) + (4096 + 4096) + 2 * (4096 + 11008) + (11008 + 4096))
+    rows = pd.read_csv(MEASUREMENTS, dtype=str, keep_default_na=False)
+    qwen = rows[rows["id"].str.startswith("qwen-7b")]
+    assert len(qwen) == 6 and set(qwen["params_trainable"]) == {str(32 * per_layer)}

@@ -19,20 +19,35 @@ in flight when backward ends is exposed. LoRA's few megabytes of adapter gradien
 that is ready only at the very end, so nearly all of their all-reduce is exposed; a full model's
 gigabytes fill hundreds of buckets that mostly hide.
 
+Between nodes without RDMA (no InfiniBand, EFA or RoCE) NCCL runs its socket transport: data
+bounce through host memory and CPU proxy threads push them into TCP sockets. One GPU per node gets
+close to the line rate, but when several GPUs of a node share its NIC the bus bandwidth falls to
+about half of it (data/tcp_allreduce.csv: all_reduce_perf runs published in NVIDIA/nccl#209, #398
+and #450). socket_sharing_factor() carries that ratio into the ring and tree bandwidth terms.
+
 Every step waits for the slowest rank: with step times spread by a coefficient of variation cv,
 the expected maximum of N of them is mean x (1 + cv x z_N), z_N the expected maximum of N standard
 normal draws (Blom's approximation; it grows like sqrt(2 ln N)).
+
+Gradient accumulation over k micro-batches changes what a step communicates, by stack
+(data_parallel_step_seconds(micro_steps=k, zero_stage=...)): DDP under no_sync and ZeRO-1 reduce
+once, in the last backward, and the ranks meet once, so the slowest rank's lead is that of a sum of
+k micro-steps (its spread shrinks as 1/sqrt(k)); ZeRO-2 and ZeRO-3 reduce-scatter after every
+backward, because each rank keeps only its own partition of the gradients (deepspeedai/DeepSpeed#2252),
+and ZeRO-1/2 all-gather the updated parameters once, after the optimizer step.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import re
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+import numpy as np
 import pandas as pd
 
 from ftplan.core.errors import FtplanError
@@ -70,6 +85,7 @@ class Links:
     host_gbs: float
     source: str = "catalog"
     step_time_cv: float | None = None
+    inter_socket: bool = False  # the network link runs NCCL's socket transport (TCP, no RDMA)
 
     def __post_init__(self) -> None:
         for name in ("intra_node_gbs", "inter_node_gbs", "host_gbs"):
@@ -91,6 +107,7 @@ class NetworkLink:
     latency_s: float
     description: str
     source: str
+    transport: str = "socket"  # nvlink, pcie, rdma or socket (NCCL's TCP transport)
 
 
 def _network_rows() -> list[dict]:
@@ -103,7 +120,7 @@ def _network_rows() -> list[dict]:
 
 def _link(row: dict) -> NetworkLink:
     return NetworkLink(row["name"], float(row["bandwidth_gbs"]), float(row["latency_us"]) * 1e-6,
-                       row["description"], row["source"])
+                       row["description"], row["source"], row["transport"])
 
 
 def load_network_catalog() -> dict[str, NetworkLink]:
@@ -134,7 +151,8 @@ def links_from_catalog(intra: str = "nvlink4", inter: str = "cloud", host: str =
     """Nominal links by catalog name; the GPU catalog's interconnect text is a valid intra name."""
     intra_link, inter_link, host_link = find_link(intra), find_link(inter), find_link(host)
     return Links(intra_link.bandwidth_gbs, inter_link.bandwidth_gbs, intra_link.latency_s,
-                 inter_link.latency_s, host_link.bandwidth_gbs, source="catalog")
+                 inter_link.latency_s, host_link.bandwidth_gbs, source="catalog",
+                 inter_socket=inter_link.transport == "socket")
 
 
 _BANDWIDTH = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*([kmgt]?)(b|bit|byte)?(?:/s|ps)?\s*$", re.IGNORECASE)
@@ -210,10 +228,40 @@ def describe_layout(gpus_per_node: int, nodes: int) -> str:
     return f"{gpus} GPUs in all: {nodes} nodes × {gpus_per_node} GPU{'s' if gpus_per_node > 1 else ''}"
 
 
-def _network_bandwidth(nodes: int, links: Links) -> float:
-    """Bytes/s of the slowest link a multi-rank ring or tree crosses."""
-    gbs = links.intra_node_gbs if nodes == 1 else min(links.inter_node_gbs, links.intra_node_gbs)
-    return gbs * GB
+@functools.cache
+def _socket_fractions() -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """(GPUs per node, median fraction of line rate) of the published socket-transport runs, one
+    entry per GPUs-per-node count, each as a fraction of the one-GPU-per-node median."""
+    path = data_dir() / "tcp_allreduce.csv"
+    try:
+        rows = pd.read_csv(path)
+    except (OSError, pd.errors.ParserError) as exc:
+        raise FtplanError(f"cannot read socket-transport measurements {path}: {exc}") from None
+    fraction = (rows["bus_gbit_s_low"] + rows["bus_gbit_s_high"]) / 2 / rows["line_gbit_s"]
+    medians = fraction.groupby(rows["gpus_per_node"]).median()
+    relative = (medians / medians.loc[1]).clip(upper=1.0)
+    return tuple(int(g) for g in relative.index), tuple(float(f) for f in relative)
+
+
+def socket_sharing_factor(gpus_per_node: int) -> float:
+    """Bus bandwidth of NCCL's socket transport when gpus_per_node GPUs share a node's NIC, over
+    what one GPU per node gets (data/tcp_allreduce.csv: the median of the published runs at each
+    count, a range quoted by its source counted as its middle).
+
+    The runs hold 1 or 8 GPUs per node (0.49 at 8); counts in between are interpolated linearly
+    and counts above the largest take its figure: no published run checks 2 to 4 GPUs per node.
+    """
+    counts, fractions = _socket_fractions()
+    return float(np.interp(gpus_per_node, counts, fractions))
+
+
+def _network_bandwidth(gpus_per_node: int, nodes: int, links: Links) -> float:
+    """Bytes/s of the slowest link a multi-rank ring or tree crosses: the node's network link,
+    shared by its GPUs (socket_sharing_factor over TCP), or the link inside the node."""
+    if nodes == 1:
+        return links.intra_node_gbs * GB
+    inter = links.inter_node_gbs * (socket_sharing_factor(gpus_per_node) if links.inter_socket else 1.0)
+    return min(inter, links.intra_node_gbs) * GB
 
 
 def ring_seconds(nbytes: float, passes: int, gpus_per_node: int, nodes: int, links: Links) -> float:
@@ -229,7 +277,7 @@ def ring_seconds(nbytes: float, passes: int, gpus_per_node: int, nodes: int, lin
     hops, network_hops = passes * (ranks - 1), passes * (nodes - 1)
     latency = (COLLECTIVE_BASE_LATENCY_S + (hops - network_hops) * links.intra_latency_s
                + network_hops * links.inter_latency_s)
-    return latency + passes * (ranks - 1) / ranks * nbytes / _network_bandwidth(nodes, links)
+    return latency + passes * (ranks - 1) / ranks * nbytes / _network_bandwidth(gpus_per_node, nodes, links)
 
 
 def tree_seconds(nbytes: float, gpus_per_node: int, nodes: int, links: Links) -> float:
@@ -239,7 +287,7 @@ def tree_seconds(nbytes: float, gpus_per_node: int, nodes: int, links: Links) ->
         return 0.0
     latency = (COLLECTIVE_BASE_LATENCY_S + 2 * (gpus_per_node - 1) * links.intra_latency_s
                + 2 * math.ceil(math.log2(nodes)) * links.inter_latency_s)
-    return latency + 2 * nbytes / _network_bandwidth(nodes, links)
+    return latency + 2 * nbytes / _network_bandwidth(gpus_per_node, nodes, links)
 
 
 def collective_seconds(nbytes: float, passes: int, gpus_per_node: int, nodes: int, links: Links) -> float:
@@ -343,14 +391,24 @@ def data_parallel_step_seconds(compute_seconds: float, gradient_bytes: int, gpus
                                links: Links, overlap: float = DEFAULT_OVERLAP, step_time_cv: float = 0.0,
                                backward_fraction: float = DEFAULT_BACKWARD_FRACTION, *,
                                gathered_parameter_bytes: int = 0, offloaded_bytes: int = 0,
-                               bucket_bytes: int = DDP_BUCKET_BYTES) -> float:
-    """Seconds per optimizer step on gpus_per_node x nodes GPUs.
+                               bucket_bytes: int = DDP_BUCKET_BYTES, micro_steps: int = 1,
+                               zero_stage: int = 0) -> float:
+    """Seconds per optimizer step of micro_steps micro-batches on gpus_per_node x nodes GPUs.
 
-    compute_seconds is one GPU's whole step without communication (per-step overheads and the
+    compute_seconds is one GPU's micro-step without communication (per-step overheads and the
     optimizer step included: they stay whole with more GPUs); backward is backward_fraction of it.
-    Every step waits for the slowest rank (straggler_factor); collectives hide behind backward as
-    the bucket schedule allows (exposed_communication_seconds); host transfers of CPU offload are
-    not hidden.
+    Every synchronisation waits for the slowest rank (straggler_factor); collectives hide behind
+    backward as the bucket schedule allows (exposed_communication_seconds); host transfers of CPU
+    offload are not hidden.
+
+    With micro_steps > 1 (gradient accumulation) zero_stage says when gradients travel: 0 (DDP's
+    no_sync) and 1 all-reduce once, in the last backward, and the ranks wait for each other once,
+    on the sum of their micro-steps, whose spread is cv / sqrt(micro_steps) if micro-steps vary
+    independently; 2 reduce-scatters the gradients after every backward and all-gathers the updated
+    parameters (as many bytes as the gradients) once, after the optimizer step, where nothing hides
+    it; ZeRO-3 (gathered_parameter_bytes > 0) gathers and reduce-scatters in every micro-step.
+    With one micro-step and zero_stage 0 or 1 a ZeRO-2 step is costed as the all-reduce it equals
+    in volume.
     """
     if compute_seconds < 0 or gradient_bytes < 0 or gathered_parameter_bytes < 0:
         raise FtplanError("compute seconds and traffic bytes must be >= 0")
@@ -362,14 +420,29 @@ def data_parallel_step_seconds(compute_seconds: float, gradient_bytes: int, gpus
         raise FtplanError(f"step-time coefficient of variation must be >= 0, got {step_time_cv}")
     if bucket_bytes < 1:
         raise FtplanError(f"gradient bucket size must be positive, got {bucket_bytes}")
+    if micro_steps < 1 or zero_stage not in (0, 1, 2, 3):
+        raise FtplanError(f"micro-steps must be positive and the ZeRO stage 0-3, got {micro_steps} and {zero_stage}")
     ranks = gpus_per_node * nodes
     if ranks == 1:
-        return compute_seconds  # a one-GPU step already holds its own host transfers
-    traffic = StepTraffic(gradient_bytes, gathered_parameter_bytes, offloaded_bytes)
-    exposed = exposed_communication_seconds(traffic, compute_seconds, backward_fraction * compute_seconds,
-                                            gpus_per_node, nodes, links, overlap, bucket_bytes)
-    return (compute_seconds * straggler_factor(step_time_cv, ranks) + exposed
-            + host_transfer_seconds(offloaded_bytes, ranks, links))
+        return micro_steps * compute_seconds  # a one-GPU step already holds its own host transfers
+    backward = backward_fraction * compute_seconds
+    host = host_transfer_seconds(offloaded_bytes, ranks, links)
+    if gathered_parameter_bytes or zero_stage == 3:
+        traffic = StepTraffic(gradient_bytes, gathered_parameter_bytes, offloaded_bytes)
+        exposed = exposed_communication_seconds(traffic, compute_seconds, backward, gpus_per_node, nodes, links,
+                                                overlap, bucket_bytes)
+        return micro_steps * (compute_seconds * straggler_factor(step_time_cv, ranks) + exposed) + host
+    if zero_stage == 2 and micro_steps > 1:
+        one_pass = sum(collective_seconds(b, 1, gpus_per_node, nodes, links)
+                       for b in gradient_buckets(gradient_bytes, bucket_bytes))  # a reduce-scatter or all-gather
+        scheduled = exposed_bucket_seconds(gradient_bytes, backward, 1, gpus_per_node, nodes, links, bucket_bytes)
+        scatter = one_pass - overlap * (one_pass - scheduled)
+        gather = one_pass
+        return micro_steps * (compute_seconds * straggler_factor(step_time_cv, ranks) + scatter) + gather + host
+    exposed = exposed_communication_seconds(StepTraffic(gradient_bytes), compute_seconds, backward, gpus_per_node,
+                                            nodes, links, overlap, bucket_bytes)
+    spread = step_time_cv / math.sqrt(micro_steps)
+    return micro_steps * compute_seconds * straggler_factor(spread, ranks) + exposed + host
 
 
 def step_time_cv(records: Iterable[dict]) -> float:

@@ -197,7 +197,9 @@ class Evidence:
             links, intra_from = replace(links, intra_node_gbs=gbs, intra_latency_s=latency), f"--intra-node-bandwidth {intra}"
         if inter is not None:
             gbs, latency = _user_link(inter, links.inter_latency_s)
-            links, inter_from = replace(links, inter_node_gbs=gbs, inter_latency_s=latency), f"--inter-node-bandwidth {inter}"
+            socket = find_link(inter).transport == "socket" if _is_link_name(inter) else links.inter_socket
+            links, inter_from = (replace(links, inter_node_gbs=gbs, inter_latency_s=latency, inter_socket=socket),
+                                 f"--inter-node-bandwidth {inter}")
         text = (f"Links: inside a node {_rate(links.intra_node_gbs)}, {links.intra_latency_s * 1e6:g} µs/hop ({intra_from}); "
                 f"between nodes {_rate(links.inter_node_gbs)} per node, {links.inter_latency_s * 1e6:g} µs/hop ({inter_from}).")
         return links, text
@@ -210,6 +212,14 @@ def _user_link(text: str, default_latency_s: float) -> tuple[float, float]:
         return link.bandwidth_gbs, link.latency_s
     except FtplanError:
         return parse_bandwidth(text), default_latency_s
+
+
+def _is_link_name(text: str) -> bool:
+    try:
+        find_link(text)
+        return True
+    except FtplanError:
+        return False
 
 
 def _rate(gbs: float) -> str:
