@@ -12,7 +12,7 @@ from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import GpuSpec
 from ftplan.core.settings import Setting
 from ftplan.models.safe_batch import MemoryBudget
-from ftplan.planner.emit import DS_CONFIG, README, TRAINING_ARGS, write_configs
+from ftplan.planner.emit import DS_CONFIG, README, TRAINING_ARGS, TRAINING_ARGS_PY, write_configs
 from ftplan.planner.search import PlanRequest, plan_setup
 from tests.helpers import FakePredictor, run_ftplan
 
@@ -39,7 +39,7 @@ def test_force_replaces_only_ftplans_own_files_and_removes_a_stale_ds_config(tmp
     assert (tmp_path / DS_CONFIG).exists()
     (tmp_path / "train.py").write_text("user code")
     emit(tmp_path, PLAIN_LORA, force=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([README, TRAINING_ARGS, "train.py"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([README, TRAINING_ARGS, TRAINING_ARGS_PY, "train.py"])
     assert "deepspeed" not in json.loads((tmp_path / TRAINING_ARGS).read_text())
     assert (tmp_path / "train.py").read_text() == "user code"
 
@@ -54,7 +54,7 @@ def test_an_emit_folder_that_is_a_symlink_is_refused_even_with_force(tmp_path):
     assert not any(target.iterdir())
 
 
-@pytest.mark.parametrize("name", [TRAINING_ARGS, DS_CONFIG, README])
+@pytest.mark.parametrize("name", [TRAINING_ARGS, TRAINING_ARGS_PY, DS_CONFIG, README])
 def test_a_config_file_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_path, name):
     outside = tmp_path / "outside.txt"
     outside.write_text("precious")

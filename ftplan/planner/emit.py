@@ -3,6 +3,8 @@
 The DeepSpeed JSON starts from calibration's own definition (calibration/deepspeed_config.py), so
 the emitted run is configured like the runs the prediction came from; the batch is written out
 explicitly so the file says what was planned, and the Trainer checks it against its arguments.
+training_args.py adds what TrainingArguments cannot carry: the collator of the planned batching
+(ftplan.planner.emit_batching).
 """
 
 from __future__ import annotations
@@ -15,32 +17,46 @@ from pathlib import Path
 from ftplan.calibration.deepspeed_config import deepspeed_config
 from ftplan.core.errors import FtplanError
 from ftplan.core.settings import Setting
+from ftplan.planner.dataset_plan import DatasetPlan
+from ftplan.planner.emit_batching import (
+    PlannedBatch,
+    collator_code,
+    length_limit_comment,
+    planned_batch,
+    sampler_args,
+    training_args_py,
+)
 from ftplan.planner.eta import format_duration
 from ftplan.planner.search import PlanRequest, SetupPlan
 
 DS_CONFIG = "ds_config.json"
 TRAINING_ARGS = "training_args.json"
+TRAINING_ARGS_PY = "training_args.py"
 README = "README.txt"
-OWN_FILES = (DS_CONFIG, TRAINING_ARGS, README)  # all ftplan ever writes into an emit folder, and all --force replaces
+OWN_FILES = (DS_CONFIG, TRAINING_ARGS, TRAINING_ARGS_PY, README)  # all ftplan ever writes into an emit folder, and all --force replaces
 OUTPUT_DIR = "output"
 
 
-def ds_config(setting: Setting, micro_batch: int) -> dict | None:
-    """DeepSpeed config with the planned micro-batch; None when the setup runs without DeepSpeed."""
+def ds_config(setting: Setting, micro_batch: int, accumulation: int = 1) -> dict | None:
+    """DeepSpeed config with the planned micro-batch and accumulation (the Trainer refuses a mismatch with its
+    own arguments); None when the setup runs without DeepSpeed."""
     config = deepspeed_config(setting)
     if config is None:
         return None
     precision = {"bf16": {"enabled": setting.precision == "bf16"}, "fp16": {"enabled": setting.precision == "fp16"}}
-    return {**config, **precision, "train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1}
+    return {**config, **precision, "train_micro_batch_size_per_gpu": micro_batch,
+            "gradient_accumulation_steps": accumulation}
 
 
 def training_args(setting: Setting, micro_batch: int, epochs: float, output_dir: str,
-                  ds_config_path: str | None) -> dict:
-    """Keyword arguments for transformers.TrainingArguments, matching the calibrated setup."""
+                  ds_config_path: str | None, accumulation: int = 1, sampler: dict | None = None) -> dict:
+    """Keyword arguments for transformers.TrainingArguments, matching the calibrated setup and the planned
+    batch split; sampler: the batching's sampler keys (emit_batching.sampler_args)."""
     args = {
         "output_dir": output_dir,
         "per_device_train_batch_size": micro_batch,
-        "gradient_accumulation_steps": 1,
+        "gradient_accumulation_steps": accumulation,
+        **(sampler or {}),
         "num_train_epochs": epochs,
         "optim": setting.optimizer,
         "bf16": setting.precision in ("bf16", "bf16-pure"),
@@ -55,8 +71,13 @@ def training_args(setting: Setting, micro_batch: int, epochs: float, output_dir:
     return args
 
 
-def readme(setup: SetupPlan, request: PlanRequest) -> str:
-    """How to use the files, and the Liger / LoRA lines the Trainer arguments cannot carry."""
+def headline(setup: SetupPlan, request: PlanRequest) -> str:
+    """The plan in one line, heading the README and training_args.py."""
+    return f"{setup.label} for {setup.setting.model} on {setup.setting.world_size} x {request.gpu.name}"
+
+
+def readme(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch) -> str:
+    """How to use the files, and the collator, Liger and LoRA lines the Trainer arguments cannot carry."""
     setting = setup.setting
     if setting.nodes > 1:
         launch = (f"torchrun --nnodes {setting.nodes} --nproc_per_node {setting.gpus} --rdzv-backend c10d "
@@ -65,16 +86,34 @@ def readme(setup: SetupPlan, request: PlanRequest) -> str:
         launch = f"deepspeed --num_gpus {setting.gpus} train.py"
     else:
         launch = f"torchrun --nproc_per_node {setting.gpus} train.py"
+    collator, why = collator_code(batch)
     lines = [
-        f"ftplan plan: {setup.label} for {setting.model} on {setting.world_size} x {request.gpu.name}",
-        f"micro-batch {setup.batch} per GPU, {setup.eta.steps:,} steps x {setup.eta.seconds_per_step:.2f} s = "
+        f"ftplan plan: {headline(setup, request)}",
+        f"micro-batch {batch.micro_batch} x gradient accumulation {batch.accumulation} per GPU, "
+        f"{setup.eta.steps:,} steps x {setup.eta.seconds_per_step:.2f} s = "
         f"{format_duration(setup.eta.total_seconds)} (h:mm), predicted source: {setup.best.source}",
         "",
         "Run from this folder: training_args.json names ds_config.json and output/ relative to it, so the folder",
         "works wherever it is copied (to the cluster, say). Load the arguments in your train.py and launch it:",
         "    args = TrainingArguments(**json.load(open('training_args.json')))",
         f"    cd THIS_FOLDER && {launch}",
+        "",
+        f"The planned batching needs its collator too: {why}. training_args.py builds both (any folder):",
+        "    from training_args import training_arguments, data_collator",
     ]
+    if batch.strategy == "pack":
+        lines += [("    trainer = SFTTrainer(model=model, args=training_arguments(), train_dataset=train, "
+                   "processing_class=tokenizer)  # TRL")]
+    else:
+        lines += [("    trainer = Trainer(model=model, args=training_arguments(), train_dataset=train, "
+                   "data_collator=data_collator(tokenizer))"),
+                  f"    (the collator: {collator})"]
+    if batch.strategy == "group":
+        lines.append("    transformers 4.x: group_by_length=True instead of train_sampling_strategy (training_args.py "
+                     "picks the one your version takes)")
+    if not batch.from_dataset:
+        lines.append('    Dynamic padding (padding="longest") never needs more memory; `ftplan plan --dataset` plans it.')
+    lines += [f"    {line[2:]}" for line in length_limit_comment(batch)]
     if setting.liger:
         lines += ["", "Liger: training_args.json sets use_liger_kernel=True; outside the Trainer patch the model first:",
                   "    from liger_kernel.transformers import AutoLigerKernelForCausalLM",
@@ -90,8 +129,10 @@ def readme(setup: SetupPlan, request: PlanRequest) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_configs(directory: Path, setup: SetupPlan, request: PlanRequest, force: bool = False) -> list[Path]:
-    """Write training_args.json, ds_config.json (DeepSpeed setups only) and README.txt; return their paths.
+def write_configs(directory: Path, setup: SetupPlan, request: PlanRequest, force: bool = False,
+                  dataset: DatasetPlan | None = None) -> list[Path]:
+    """Write training_args.json and .py, ds_config.json (DeepSpeed setups only) and README.txt; return their
+    paths. With a dataset plan, its batching (micro-batch × accumulation, sampler, collator) is written.
 
     The folder must be empty, so a user's files are never overwritten; force replaces ftplan's own
     files there (all of them, so no ds_config.json of an earlier plan is left beside a plan without
@@ -100,7 +141,7 @@ def write_configs(directory: Path, setup: SetupPlan, request: PlanRequest, force
     directory = Path(directory)
     if directory.is_symlink():
         raise FtplanError(f"{directory} is a symlink; emit into a real folder")
-    files = _file_texts(setup, request)
+    files = _file_texts(setup, request, planned_batch(setup, request, dataset))
     try:
         directory.mkdir(parents=True, exist_ok=True)
         folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # the folder checked is the one written
@@ -115,12 +156,15 @@ def write_configs(directory: Path, setup: SetupPlan, request: PlanRequest, force
     return [directory / name for name in files]
 
 
-def _file_texts(setup: SetupPlan, request: PlanRequest) -> dict[str, str]:
+def _file_texts(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch) -> dict[str, str]:
     """Every file of the plan by name; paths inside are relative to the folder, so it can be copied as a whole."""
-    ds = ds_config(setup.setting, setup.batch)
-    args = training_args(setup.setting, setup.batch, request.epochs, OUTPUT_DIR, DS_CONFIG if ds else None)
+    ds = ds_config(setup.setting, batch.micro_batch, batch.accumulation)
+    args = training_args(setup.setting, batch.micro_batch, request.epochs, OUTPUT_DIR, DS_CONFIG if ds else None,
+                         batch.accumulation, sampler_args(batch))
     texts = {DS_CONFIG: json.dumps(ds, indent=2) + "\n"} if ds else {}
-    return {**texts, TRAINING_ARGS: json.dumps(args, indent=2) + "\n", README: readme(setup, request)}
+    return {**texts, TRAINING_ARGS: json.dumps(args, indent=2) + "\n",
+            TRAINING_ARGS_PY: training_args_py(args, batch, headline(setup, request)),
+            README: readme(setup, request, batch)}
 
 
 def _make_room(folder: int, directory: Path, force: bool) -> None:

@@ -70,8 +70,8 @@ host_memory_option = click.option(
               help="List every setup that fits, not only the best of each family (full or LoRA, offload, Liger, "
                    "checkpointing, precision).")
 @click.option("--emit", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Write the recommended setup's ds_config.json, training_args.json and README.txt into this "
-                   "new or empty folder.")
+              help="Write the recommended setup's ds_config.json, training_args.json, training_args.py (arguments "
+                   "and the batching's collator) and README.txt into this new or empty folder.")
 @click.option("--force", is_flag=True,
               help="With --emit into a folder that is not empty: replace the files ftplan wrote there, keep the rest.")
 @dataset_options
@@ -125,6 +125,8 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
     if emit is not None:
         if plan is None or plan.recommended is None:
             raise FtplanError("nothing to emit: no setup was recommended")
-        from ftplan.planner.emit import write_configs
-        written = write_configs(emit, plan.recommended, plan.request, force)
+        from ftplan.planner.emit import README, write_configs
+        written = write_configs(emit, plan.recommended, plan.request, force, result.dataset_plan)
         click.echo(f"wrote {', '.join(str(p) for p in written)}", err=as_json)
+        click.echo(f"use them: `from training_args import training_arguments, data_collator` in train.py "
+                   f"(how: {emit / README})", err=as_json)

@@ -1,0 +1,127 @@
+"""What the planned batching asks of a Hugging Face training script: the collator, the sampler, the length
+limit and the micro-batch × accumulation split, written as `training_args.py` beside training_args.json.
+
+TrainingArguments cannot carry a collator or a tokenizer's truncation, yet they decide the padded shape
+the plan's memory rests on, so the script builds both: dynamic padding and group_by_length pad each
+micro-batch to its own longest sample (DataCollatorForSeq2Seq, which pads labels with -100), pad pads
+every sample to the planned length, and packing is TRL's best-fit decreasing (`packing_strategy="bfd"`),
+the packing ftplan.planner.batching.pack_rows models.
+"""
+
+from __future__ import annotations
+
+import pprint
+import textwrap
+from dataclasses import dataclass
+
+from ftplan.planner.dataset_plan import DatasetPlan
+from ftplan.planner.search import PlanRequest, SetupPlan
+
+# transformers 5 names Trainer's length-grouped sampler this way; 4.x took group_by_length=True instead.
+GROUP_BY_LENGTH = {"train_sampling_strategy": "group_by_length"}
+
+
+@dataclass(frozen=True)
+class PlannedBatch:
+    """The batching the plan rests on: micro-batch × accumulation, strategy, padded (or row) length, limit."""
+
+    micro_batch: int
+    accumulation: int
+    strategy: str        # pad, dynamic, group or pack (ftplan.planner.batching.STRATEGIES)
+    length: int          # the longest micro-batch's padded length: the sample length padded to, or the packed row
+    limit: int | None    # samples over it are truncated or dropped; None when no sample is over
+    too_long: str
+    from_dataset: bool
+
+
+def planned_batch(setup: SetupPlan, request: PlanRequest, dataset: DatasetPlan | None) -> PlannedBatch:
+    """The setup's batching: the dataset plan's choice for it, or without a dataset, samples padded to
+    --seq-len at the largest safe batch (what a plan from a sample count assumes)."""
+    choice = dataset.setups.get(setup.setting) if dataset is not None else None
+    if choice is None:
+        return PlannedBatch(setup.batch, 1, "pad", request.base.seq_len, None, "truncate", False)
+    limited = dataset.limited
+    return PlannedBatch(choice.micro_batch, choice.accumulation, dataset.options.strategy,
+                        choice.batching.memory_length, limited.limit if limited.over else None, limited.too_long, True)
+
+
+def sampler_args(batch: PlannedBatch) -> dict:
+    """TrainingArguments keys the batching sets besides the batch split: the length-grouped sampler for group."""
+    return dict(GROUP_BY_LENGTH) if batch.strategy == "group" else {}
+
+
+def collator_code(batch: PlannedBatch) -> tuple[str, str]:
+    """(the expression that builds the collator from `tokenizer`, a comment saying what it does)."""
+    if batch.strategy == "pack":
+        return "None", (f"SFTTrainer packs whole samples into rows of {batch.length:,} tokens (best-fit decreasing) "
+                        "and collates them without padding")
+    if batch.strategy == "pad":
+        return (f'DataCollatorForSeq2Seq(tokenizer, padding="max_length", max_length={batch.length})',
+                f"every sample padded to {batch.length:,} tokens, the length the plan's memory and time assume")
+    grouped = "; the sampler groups samples of similar length" if batch.strategy == "group" else ""
+    return ('DataCollatorForSeq2Seq(tokenizer, padding="longest")',
+            f"each micro-batch padded to its own longest sample (at most {batch.length:,} tokens){grouped}")
+
+
+def length_limit_comment(batch: PlannedBatch) -> list[str]:
+    """How to apply the plan's length limit when tokenizing: the collator never truncates."""
+    if batch.limit is None:
+        return []
+    if batch.too_long == "truncate":
+        return [f"# Tokenize with truncation=True, max_length={batch.limit}: the plan truncated longer samples."]
+    return [(f"# Drop samples over {batch.limit} tokens, as the plan did: "
+             f"train = train.filter(lambda s: len(s['input_ids']) <= {batch.limit})")]
+
+
+def training_args_py(kwargs: dict, batch: PlannedBatch, headline: str) -> str:
+    """A module a train.py imports: training_arguments() and data_collator(tokenizer) for the planned setup."""
+    collator, why = collator_code(batch)
+    packing = batch.strategy == "pack"
+    lines = [
+        f'"""Written by `ftplan plan`: {headline}',
+        "",
+        "    from training_args import training_arguments, data_collator",
+        *([("    trainer = SFTTrainer(model=model, args=training_arguments(), train_dataset=train, "
+            "processing_class=tokenizer)")] if packing else
+          ["    trainer = Trainer(model=model, args=training_arguments(), train_dataset=train,",
+           "                      data_collator=data_collator(tokenizer))"]),
+        "",
+        ("SFTTrainer tokenizes and labels the samples; " if packing else
+         "Samples hold input_ids and labels (labels = input_ids, -100 on the prompt); ")
+        + "paths are relative to this file.",
+        "README.txt beside it has the launch command (and the LoRA and Liger lines, where planned).",
+        '"""',
+        "",
+        *(["import inspect"] if batch.strategy == "group" else []),
+        "from pathlib import Path",
+        "",
+        f"from transformers import {'' if packing else 'DataCollatorForSeq2Seq, '}TrainingArguments",
+        "",
+        "HERE = Path(__file__).resolve().parent",
+        (f"# micro-batch {batch.micro_batch} x gradient accumulation {batch.accumulation} per GPU; "
+         f"{'packed rows' if packing else 'samples'} of at most {batch.length:,} tokens"),
+        f"TRAINING_ARGS = {pprint.pformat(kwargs, sort_dicts=False, width=100)}",
+        *length_limit_comment(batch),
+        "",
+        "",
+        "def training_arguments(**overrides):",
+        '    """The planned arguments; overrides change any of them (report_to="wandb", say)."""',
+        "    kwargs = {**TRAINING_ARGS, **overrides}",
+        '    for key in ("output_dir", "deepspeed"):',
+        "        if isinstance(kwargs.get(key), str):",
+        "            kwargs[key] = str(HERE / kwargs[key])",
+    ]
+    if batch.strategy == "group":
+        lines += ['    if "train_sampling_strategy" not in inspect.signature(TrainingArguments).parameters:  # 4.x',
+                  '        kwargs["group_by_length"] = kwargs.pop("train_sampling_strategy") == "group_by_length"']
+    if packing:
+        lines += ["    from trl import SFTConfig  # packing is TRL's (pip install trl)",
+                  "",
+                  f'    return SFTConfig(**kwargs, max_length={batch.length}, packing=True, packing_strategy="bfd")']
+    else:
+        lines += ["    return TrainingArguments(**kwargs)"]
+    lines += ["", "", "def data_collator(tokenizer):",
+              '    """The collator of the planned batching: the padded shape the planned memory rests on."""',
+              *(f"    # {line}" for line in textwrap.wrap(f"{why}.", 100)),
+              f"    return {collator}", ""]
+    return "\n".join(lines)

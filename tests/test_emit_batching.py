@@ -1,0 +1,148 @@
+"""`plan --emit` with a batching strategy: the arguments carry the planned micro-batch × accumulation and sampler,
+transformers accepts them as written, and training_args.py's collator pads to the shape the plan's memory assumed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+from ftplan.core.hardware import GpuSpec
+from ftplan.core.settings import Setting
+from ftplan.models.safe_batch import MemoryBudget
+from ftplan.planner.dataset_plan import DatasetOptions, plan_from_lengths
+from ftplan.planner.emit import DS_CONFIG, README, TRAINING_ARGS, TRAINING_ARGS_PY, write_configs
+from ftplan.planner.search import PlanRequest, plan_setup
+from tests.helpers import FakePredictor, run_ftplan
+
+GPU = GpuSpec("TEST-80", 80, 100, 1000)
+LENGTHS = np.array([10] * 95 + [60] * 5)  # a long tail: the longest sample (60) sets memory
+
+
+def _emit(tmp_path, strategy: str, setting: Setting | None = None, **options):
+    setting = setting or Setting(model="llama-3-8b", lora_rank=16, seq_len=60)
+    request = PlanRequest(base=setting, dataset_size=1, epochs=1.0, gpu=GPU, budget=MemoryBudget(GPU.memory_bytes),
+                          lora_ranks=(16,), precision="bf16", training="lora")
+    plan = plan_from_lengths(FakePredictor(), request, LENGTHS,
+                             DatasetOptions(strategy=strategy, pack_length=64 if strategy == "pack" else None,
+                                            **options))
+    write_configs(tmp_path, plan.plan.recommended, plan.plan.request, dataset=plan)
+    return plan.recommended
+
+
+def _module(tmp_path):
+    spec = importlib.util.spec_from_file_location("training_args", tmp_path / TRAINING_ARGS_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({"[PAD]": 0, "a": 1}, unk_token="[PAD]"))
+    return PreTrainedTokenizerFast(tokenizer_object=words, pad_token="[PAD]")
+
+
+def _collate(module, lengths):
+    features = [{"input_ids": [1] * n, "labels": [1] * n} for n in lengths]
+    return module.data_collator(_tokenizer())(features)
+
+
+@pytest.mark.parametrize("strategy", ["pad", "dynamic", "group", "pack"])
+def test_emitted_arguments_are_the_planned_split_and_transformers_accepts_them(tmp_path, strategy):
+    transformers = pytest.importorskip("transformers")
+    choice = _emit(tmp_path, strategy, global_batch=8)
+    kwargs = json.loads((tmp_path / TRAINING_ARGS).read_text())
+    assert kwargs["per_device_train_batch_size"] * kwargs["gradient_accumulation_steps"] == 8
+    assert (kwargs["per_device_train_batch_size"], kwargs["gradient_accumulation_steps"]) == (
+        choice.micro_batch, choice.accumulation)
+    # this machine has no GPU: bf16 needs use_cpu here; on the training machine the files run as written
+    args = transformers.TrainingArguments(**kwargs, use_cpu=True)
+    module = _module(tmp_path)
+    assert module.TRAINING_ARGS == kwargs
+    if strategy == "pack":  # packing is TRL's SFTConfig (a TrainingArguments subclass); TRL is not installed here
+        assert 'packing=True, packing_strategy="bfd"' in (tmp_path / TRAINING_ARGS_PY).read_text()
+        assert module.data_collator(None) is None
+        return
+    from_py = module.training_arguments(use_cpu=True)
+    assert from_py.per_device_train_batch_size == args.per_device_train_batch_size
+    assert from_py.output_dir == str(tmp_path / "output")  # relative to the file, wherever train.py runs
+    grouped = str(args.train_sampling_strategy).endswith("group_by_length")
+    assert grouped == (strategy == "group")
+
+
+def test_dynamic_padding_pads_each_micro_batch_to_its_longest_and_labels_with_minus_100(tmp_path):
+    pytest.importorskip("transformers")
+    _emit(tmp_path, "dynamic")
+    batch = _collate(_module(tmp_path), [3, 7])
+    assert tuple(batch["input_ids"].shape) == (2, 7)
+    assert batch["labels"][0].tolist() == [1, 1, 1] + [-100] * 4
+
+
+def test_pad_to_max_pads_every_sample_to_the_planned_length(tmp_path):
+    pytest.importorskip("transformers")
+    _emit(tmp_path, "pad")
+    batch = _collate(_module(tmp_path), [3, 7])
+    assert tuple(batch["input_ids"].shape) == tuple(batch["labels"].shape) == (2, 60)
+
+
+def test_a_plan_without_a_dataset_pads_to_seq_len_at_the_largest_safe_batch(tmp_path):
+    pytest.importorskip("transformers")
+    setting = Setting(model="llama-3-8b", lora_rank=16, seq_len=48)
+    request = PlanRequest(base=setting, dataset_size=1000, epochs=1, gpu=GPU, budget=MemoryBudget(GPU.memory_bytes))
+    setup = plan_setup(FakePredictor(), setting, request)
+    write_configs(tmp_path, setup, request)
+    module = _module(tmp_path)
+    assert module.TRAINING_ARGS["per_device_train_batch_size"] == setup.batch
+    assert module.TRAINING_ARGS["gradient_accumulation_steps"] == 1
+    assert tuple(_collate(module, [5, 9])["input_ids"].shape) == (2, 48)
+    assert 'padding="longest"' in (tmp_path / README).read_text()  # says dynamic padding is the lighter choice
+
+
+def test_truncation_and_dropping_are_said_where_the_tokenizer_is_called(tmp_path):
+    _emit(tmp_path / "t", "dynamic", max_length=40)
+    assert "truncation=True, max_length=40" in (tmp_path / "t" / TRAINING_ARGS_PY).read_text()
+    _emit(tmp_path / "d", "dynamic", max_length=40, too_long="drop")
+    assert "<= 40" in (tmp_path / "d" / TRAINING_ARGS_PY).read_text()
+    _emit(tmp_path / "n", "dynamic")
+    assert "max_length=" not in (tmp_path / "n" / TRAINING_ARGS_PY).read_text()
+
+
+def test_zero_accumulation_matches_between_deepspeed_and_the_trainer(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("deepspeed")
+    setting = Setting(model="llama-3-8b", zero_stage=2, seq_len=60)
+    request = PlanRequest(base=setting, dataset_size=1, epochs=1.0, gpu=GPU, budget=MemoryBudget(GPU.memory_bytes),
+                          precision="bf16", training="full")
+    plan = plan_from_lengths(FakePredictor(full_static_gib=20), request, LENGTHS,
+                             DatasetOptions(strategy="dynamic", global_batch=12), extra=[setting])
+    (setup,) = [s for s in plan.plan.ranked if s.setting.zero_stage == 2 and not s.setting.offload_optimizer
+                and not s.setting.liger and not s.setting.gradient_checkpointing]
+    write_configs(tmp_path, setup, plan.plan.request, dataset=plan)
+    choice = plan.setups[setup.setting]
+    assert choice.accumulation > 1
+    assert json.loads((tmp_path / DS_CONFIG).read_text())["gradient_accumulation_steps"] == choice.accumulation
+    args = _module(tmp_path).training_arguments(use_cpu=True)
+    config = args.hf_deepspeed_config.config  # the Trainer's own check of ds_config against its arguments
+    assert config["train_batch_size"] == 12 and config["gradient_accumulation_steps"] == choice.accumulation
+    assert isinstance(args, transformers.TrainingArguments)
+
+
+def test_plan_cli_emits_the_dataset_plans_batch_and_says_how_to_use_it(tmp_path, capsys, monkeypatch):
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": [0] * int(n)}) + "\n" for n in [100] * 990 + [1000] * 10))
+    out = tmp_path / "configs"
+    code, stdout, err = run_ftplan(["plan", "--model", "llama-3.2-1b", "--gpu", "H200", "--dataset", data,
+                                    "--batching", "group", "--global-batch", "64", "--json", "--emit", out],
+                                   capsys, monkeypatch)
+    assert code == 0, err
+    chosen = json.loads(stdout)["dataset"]["recommended"]
+    kwargs = json.loads((out / TRAINING_ARGS).read_text())
+    assert kwargs["per_device_train_batch_size"] == chosen["micro_batch"]
+    assert kwargs["gradient_accumulation_steps"] == chosen["gradient_accumulation"]
+    assert kwargs["train_sampling_strategy"] == "group_by_length"
+    assert "from training_args import training_arguments, data_collator" in err
