@@ -285,21 +285,27 @@ def with_activation_phase(curve: Curve, healthy: list[dict], record: dict) -> Cu
     Peak memory is the largest of the phase peaks. When every calibrated batch sits in the optimizer
     step's phase (full fine-tuning with checkpointing and Liger: flat from batch 1 to 4), the fitted
     slope is about 0 and says nothing of the activations that dominate from batch ~16. Then the mean
-    follows the prior's per-sample bytes at their lowest measured ratio and the bound at their highest,
-    each line raised until it touches the points from below: the activation phase cannot lie above
-    what was measured, and beyond the points it grows at least as fast as the stored tensors.
+    follows the prior's activation phase, moved by the prior's miss at the smallest measured batch (the
+    prior knows where the phases cross; the points fix its level), and the bound follows the prior's
+    per-sample bytes at their highest measured ratio. Both lines are lowered until they touch the points
+    from below: the activation phase cannot lie above what was measured.
     """
-    per_token = _prior_bytes_per_token(record)
-    if not per_token:
+    known = _known(record)
+    if known is None:
         return curve
+    arch, setting = known
     seq_ref = curve.seq_ref or record["seq_len"]
+    per_token = memory_terms(arch, setting).per_sample / setting.seq_len
     slopes = (per_token * seq_ref,) if curve.seq_ref is None else (per_token * seq_ref, 0.0)
+    if top_slope(curve) >= ACTIVATION_SLOPE_LOW * slopes[0]:
+        return curve
     columns = _columns(healthy, "peak_allocated_bytes")
-    if top_slope(curve) < ACTIVATION_SLOPE_LOW * slopes[0]:
-        curve = with_line_below_points(curve, tuple(ACTIVATION_SLOPE_LOW * s for s in slopes), *columns)
-        steepest = line_below_points(curve, tuple(ACTIVATION_SLOPE_HIGH * s for s in slopes), *columns)
-        curve = replace(curve, bound_lines=(steepest,))
-    return curve
+    smallest = min(healthy, key=lambda r: (r["micro_batch"] * r["seq_len"], r["micro_batch"]))
+    terms = memory_terms(arch, setting.with_(seq_len=smallest["seq_len"]))
+    miss = float(smallest["peak_allocated_bytes"]) - terms.peak(smallest["micro_batch"])
+    curve = with_line_below_points(curve, slopes, *columns, ceiling=terms.backward_start_static + miss)
+    steepest = line_below_points(curve, tuple(ACTIVATION_SLOPE_HIGH * s for s in slopes), *columns)
+    return replace(curve, bound_lines=(steepest,))
 
 
 def _known(record: dict) -> tuple[Architecture, Setting] | None:
@@ -308,12 +314,6 @@ def _known(record: dict) -> tuple[Architecture, Setting] | None:
         return cached_architecture(record["model"]), Setting.from_dict(record)
     except FtplanError:
         return None
-
-
-def _prior_bytes_per_token(record: dict) -> float:
-    """The prior's activation and loss bytes per token of this setting; 0 for an unknown architecture."""
-    known = _known(record)
-    return memory_terms(*known).per_sample / known[1].seq_len if known else 0.0
 
 
 def _logit_bytes_per_token(record: dict) -> float:
