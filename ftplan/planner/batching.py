@@ -145,30 +145,38 @@ def group_padded_lengths(lengths: Sequence[int] | np.ndarray, micro_batch: int, 
 
 
 def pack_rows(lengths: Sequence[int] | np.ndarray, pack_length: int) -> np.ndarray:
-    """Fill (tokens) of each row when whole samples are packed into rows of pack_length by best-fit decreasing.
+    """Fill (tokens) of each row when whole samples are packed into rows of pack_length by best-fit decreasing."""
+    values = _as_lengths(lengths)
+    return np.asarray([int(values[row].sum()) for row in pack_assignment(values, pack_length)], dtype=np.int64)
 
-    Samples must already be at most pack_length (apply_limit). Each sample goes into the fullest row that
-    still holds it, else opens a row.
+
+def pack_assignment(lengths: Sequence[int] | np.ndarray, pack_length: int) -> list[list[int]]:
+    """The samples (indices into lengths) of each row when packed into rows of pack_length by best-fit decreasing.
+
+    Samples must already be at most pack_length (apply_limit). Longest first, each sample goes into the
+    fullest row that still holds it, else opens a row.
     """
-    values = np.sort(_as_lengths(lengths))[::-1]
-    if values[0] > pack_length:
-        raise FtplanError(f"a sample of {values[0]} tokens does not fit a packed row of {pack_length}")
+    values = _as_lengths(lengths)
+    order = np.argsort(-values, kind="stable")
+    if values[order[0]] > pack_length:
+        raise FtplanError(f"a sample of {values[order[0]]} tokens does not fit a packed row of {pack_length}")
     free: list[int] = []  # free space of open rows, sorted ascending
-    fills: list[int] = []
+    rows: list[list[int]] = []
     rows_by_free: dict[int, list[int]] = {}
-    for length in values.tolist():
+    for index in order.tolist():
+        length = int(values[index])
         at = bisect.bisect_left(free, length)
         if at < len(free):
             space = free.pop(at)
             row = rows_by_free[space].pop()
         else:
-            space, row = pack_length, len(fills)
-            fills.append(0)
-        fills[row] += length
+            space, row = pack_length, len(rows)
+            rows.append([])
+        rows[row].append(index)
         left = space - length
         bisect.insort(free, left)
         rows_by_free.setdefault(left, []).append(row)
-    return np.asarray(fills, dtype=np.int64)
+    return rows
 
 
 @dataclass(frozen=True)
