@@ -126,3 +126,16 @@ def test_trainers_default_fused_adamw_and_a_retyped_config_path_use_the_calibrat
     assert same.source == SOURCE_MEASURED  # the same shape by another name is the calibrated model
     fused = predictor.predict(CALIBRATED.with_(model=str(config), optimizer="adamw_torch_fused"), 4, H200)
     assert fused.source != SOURCE_PRIOR and any("adamw_torch" in note for note in fused.notes)
+
+
+def test_an_optimizer_variant_at_a_measured_batch_is_interpolated_with_a_bound_that_ignores_the_saving():
+    """The fused AdamW keeps the same state as the calibrated adamw_torch: its batch 4 stands on a measured
+    batch (interpolated, never 'measured'), and its bound keeps the unfused temporaries the prior removed."""
+    predictor = Predictor.fit(_records())
+    calibrated = predictor.predict(CALIBRATED, 4, H200)
+    fused = predictor.predict(CALIBRATED.with_(optimizer="adamw_torch_fused"), 4, H200)
+    assert calibrated.source == SOURCE_MEASURED and fused.source == SOURCE_INTERPOLATED
+    saving = calibrated.peak_allocated.mean - fused.peak_allocated.mean
+    assert saving >= 0
+    assert fused.peak_allocated.upper == pytest.approx(calibrated.peak_allocated.upper)
+    assert predictor.predict(CALIBRATED.with_(optimizer="adamw_torch_fused"), 64, H200).source == SOURCE_EXTRAPOLATED

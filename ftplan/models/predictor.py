@@ -150,16 +150,21 @@ class Predictor:
             seconds = self._with_communication(setting, gpu, seconds, prior)
             notes.append(self._communication_note(setting))
         exact = evidence.setting == setting and evidence.gpu == gpu
+        variant = not exact and evidence.gpu == gpu and _same_but_optimizer(evidence.setting, setting)
         calibrated = fit.calibrated_batches(seq)
-        inside = exact and bool(calibrated) and calibrated[0] <= batch <= calibrated[-1]
-        if exact and not inside:
+        inside = (exact or variant) and bool(calibrated) and calibrated[0] <= batch <= calibrated[-1]
+        if (exact or variant) and not inside:
             notes.append(f"batch {batch} outside the calibrated batches {calibrated or 'at this length'}: extrapolated")
-        if not exact:  # a relative's fit carries the prior's change: bound it by the prior's own measured error
+        if variant:  # only the step temporaries differ: the bound does not count on the prior's saving
+            allocated = _widened_by(allocated, abs(prior.peak_allocated - base.peak_allocated))
+            reserved = _widened_by(reserved, abs(prior.peak_reserved - base.peak_reserved))
+            seconds = _widened(seconds, constants.time_margin)
+        elif not exact:  # a relative's fit carries the prior's change: bound it by the prior's own measured error
             allocated = _widened(allocated, constants.memory_margin)
             reserved = _widened(reserved, constants.reserved_margin)
             seconds = _widened(seconds, constants.time_margin)
         wall = fit.observed_limit(seq) if exact else None  # a wall belongs to one card and one setting
-        source = (SOURCE_MEASURED if inside and batch in calibrated else SOURCE_INTERPOLATED if inside
+        source = (SOURCE_MEASURED if exact and inside and batch in calibrated else SOURCE_INTERPOLATED if inside
                   else SOURCE_EXTRAPOLATED)
         return Prediction(setting, batch, gpu.name, allocated, reserved, seconds, source, wall_batch=wall,
                           measured_healthy=fit.measured_healthy(seq) if exact else (), notes=tuple(notes),
@@ -298,6 +303,16 @@ def fit_all_constants(records: list[dict], catalog: dict[str, GpuSpec]) -> dict[
 def _widened(estimate: Estimate, margin: float) -> Estimate:
     """At least the relative margin above the mean."""
     return replace(estimate, upper=max(estimate.upper, estimate.mean * (1 + margin)))
+
+
+def _widened_by(estimate: Estimate, amount: float) -> Estimate:
+    return replace(estimate, upper=estimate.upper + amount)
+
+
+def _same_but_optimizer(calibrated: Setting, wanted: Setting) -> bool:
+    """A calibration that differs only in the AdamW variant or the allocator's configuration: the same card,
+    length and layout, so its measured batches stand for the wanted setting's up to the prior's shift."""
+    return calibrated.with_(optimizer=wanted.optimizer, alloc_conf=wanted.alloc_conf) == wanted
 
 
 def _shift(estimate: Estimate, delta: float) -> Estimate:
