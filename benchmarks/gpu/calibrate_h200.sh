@@ -41,6 +41,11 @@ case "${1:?call number}" in
     cal --model llama-3.2-1b --gradient-checkpointing on --batch-sizes 1,2,4
     cal --model llama-3.2-1b --gradient-checkpointing on --liger on --max-batch 256 --steps 2 --warmup-steps 1
     cal --model llama-3.2-1b --gradient-checkpointing on --max-batch 64 --steps 2 --warmup-steps 1 ;;
+4)  # the callback after the optimizer-variant label; the dataset benchmark on a real-size model (issue 20)
+    timeout 120 python3 benchmarks/gpu/callback_check.py "$OUT/callback" 2>&1 | tail -n 25
+    timeout 240 python3 benchmarks/dataset_memory.py --device cuda --model qwen2.5-0.5b --samples 0 \
+      --max-length 2048 --batch-sizes 4,8 2>&1 | tail -n 30
+    cal --model llama-3.2-1b --gradient-checkpointing on --max-batch 64 --steps 2 --warmup-steps 1 ;;
 *)  echo "unknown call $1"; exit 2 ;;
 esac
 echo "== done after $((SECONDS - start)) s"
