@@ -16,9 +16,17 @@ recorded (tokens over full micro-batches: an epoch's last, partial one is left o
 as calibration measures it (ftplan.calibration.measure: the process's peak resident set on a CPU, the caching
 allocator's peak reserved bytes on a GPU), reset at every step.
 
+On a GPU the trial's and the epoch's peak allocated bytes (what tensors held) and allocator retries are printed
+beside reserved: allocated that matches the trial while reserved grows means the growth is blocks the allocator
+caches, not more tensors. Whether that cache can be reused when memory runs short shows only near the limit:
+num_alloc_retries counts the times cudaMalloc failed and the allocator freed its cache and tried again (an OOM
+follows when that fails too). --alloc-conf sets PYTORCH_CUDA_ALLOC_CONF for the trial and the epoch alike
+(expandable_segments:True, to compare with the default allocator).
+
     python benchmarks/dataset_memory.py            # CPU, tiny-llama: about 2 minutes on 2 cores
     python benchmarks/dataset_memory.py --device cuda --model qwen2.5-0.5b --samples 0 --max-length 2048 \\
         --batch-sizes 4,8                         # a real-size model (random weights) on a GPU
+    ... --alloc-conf expandable_segments:True     # the same with expandable segments
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -67,13 +76,15 @@ def tokenized_paragraphs(samples: int, max_length: int, tokenizer_path: Path) ->
     return [i[:max_length] for i in ids], len(texts), truncated
 
 
-def calibrated_peak(setting: Setting, batch: int, device: str) -> int:
-    """Peak memory of the calibration trial at this shape (random tokens, warm-up, three measured steps)."""
+def calibrated_peak(setting: Setting, batch: int, device: str) -> dict:
+    """The calibration trial at this shape (random tokens, warm-up, three measured steps): its peak reserved and
+    allocated bytes and allocator retries (setting.alloc_conf is its PYTORCH_CUDA_ALLOC_CONF)."""
     outcome = run_trial(TrialSpec(setting, batch, device, steps=3, warmup_steps=2), TRIAL_TIMEOUT)
     rank = outcome.ranks[0]
     if rank.status != "ok":
         raise SystemExit(f"calibration trial at {setting.seq_len} tokens x {batch} failed: {rank.message}")
-    return rank.result["peak_reserved_bytes"]
+    return {"peak": rank.result["peak_reserved_bytes"], "allocated": rank.result["peak_allocated_bytes"],
+            "retries": rank.result.get("num_alloc_retries") or 0}
 
 
 def measured_epoch(setting: Setting, batch: int, device: str, strategy: str, items: list, tokenizer: Path,
@@ -90,7 +101,8 @@ def measured_epoch(setting: Setting, batch: int, device: str, strategy: str, ite
 
 
 def worker(spec_path: Path, result_path: Path) -> None:
-    """Train one epoch as a user would, recording every step's real and padded tokens and its peak memory."""
+    """Train one epoch as a user would, recording every step's real and padded tokens, its peak reserved and
+    allocated memory, and the allocator's retries so far (a running count)."""
     from transformers import (
         DataCollatorForSeq2Seq,
         DataCollatorWithFlattening,
@@ -127,7 +139,7 @@ def worker(spec_path: Path, result_path: Path) -> None:
             measure.reset_peak_memory(device)
 
         def on_step_end(self, args, state, control, **kwargs):
-            steps[-1]["peak"] = measure.peak_memory(device)[1]
+            steps[-1]["allocated"], steps[-1]["peak"], steps[-1]["retries"] = measure.peak_memory(device)
 
     model, _ = build_model(setting, device)
     with tempfile.TemporaryDirectory(prefix="ftplan-bench-") as output_dir:
@@ -148,11 +160,17 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=600, help="paragraphs to train on; 0 for all")
     parser.add_argument("--max-length", type=int, default=512, help="truncation, and the packed row's length")
     parser.add_argument("--batch-sizes", default="4,8")
+    parser.add_argument("--alloc-conf", default=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+                        help="PYTORCH_CUDA_ALLOC_CONF of the trial and the epoch, e.g. expandable_segments:True "
+                             "(default: $PYTORCH_CUDA_ALLOC_CONF)")
     parser.add_argument("--worker", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker(*args.worker)
     batches = [int(b) for b in args.batch_sizes.split(",")]
+    gpu = args.device == "cuda"
+    if gpu:  # the trials and the epochs run in child processes, which take it from here before CUDA starts
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = args.alloc_conf
     with tempfile.TemporaryDirectory(prefix="ftplan-bench-") as tmp:
         workdir = Path(tmp)
         ids, documents, truncated = tokenized_paragraphs(args.samples, args.max_length, workdir / "tokenizer.json")
@@ -161,17 +179,20 @@ def main() -> None:
               f"({sys.prefix}), {lengths.sum():,} tokens (8k byte-level BPE), p50 {np.median(lengths):.0f}, "
               f"p99 {np.percentile(lengths, 99):.0f}, max {lengths.max()}, {truncated} truncated at {args.max_length}")
         print(f"model {args.model} on {args.device} ({PRECISION[args.device]}); one epoch per row; "
-              "tokens per micro-batch (step), peak memory in GiB")
+              "tokens per micro-batch (step), peak memory in GiB"
+              + (f"; PYTORCH_CUDA_ALLOC_CONF={args.alloc_conf!r}" if gpu else ""))
         header = (f"{'strategy':8} {'batch':>5} {'real pred':>9} {'meas':>8} {'err':>6} {'padded pred':>11} "
                   f"{'meas':>8} {'err':>6} {'peak pred':>9} {'meas':>7} {'err':>6}  peak step / longest")
-        print(header)
+        print(header + (f"  {'alloc pred':>10} {'meas':>7} {'err':>6} {'retries':>7}" if gpu else ""))
         rows = pack_assignment(lengths, args.max_length)
         for strategy in ("dynamic", "pack"):
             items = [[ids[i] for i in row] for row in rows] if strategy == "pack" else ids
             for batch in batches:
                 shape = batching(strategy, lengths, batch, pack_length=args.max_length)
-                setting = Setting(model=args.model, seq_len=shape.memory_length, precision=PRECISION[args.device])
-                predicted_peak = calibrated_peak(setting, batch, args.device)
+                setting = Setting(model=args.model, seq_len=shape.memory_length, precision=PRECISION[args.device],
+                                  alloc_conf=args.alloc_conf if gpu else "")
+                trial = calibrated_peak(setting, batch, args.device)
+                predicted_peak = trial["peak"]
                 steps = measured_epoch(setting, batch, args.device, strategy, items, workdir / "tokenizer.json",
                                        workdir)
                 full = steps[:-1] if len(items) % batch else steps
@@ -184,7 +205,13 @@ def main() -> None:
                       f"{shape.padded_tokens_per_micro_batch:11.0f} {padded:8.0f} "
                       f"{error(shape.padded_tokens_per_micro_batch, padded):>6} {predicted_peak / GIB:9.3f} "
                       f"{peak_step['peak'] / GIB:7.3f} {error(predicted_peak, peak_step['peak']):>6}  "
-                      f"{peak_step['padded']:,} / {longest:,} tokens ({len(steps)} steps)")
+                      f"{peak_step['padded']:,} / {longest:,} tokens ({len(steps)} steps)", end="")
+                if gpu:  # the epoch's highest allocated peak; retries in the trial / over the epoch
+                    allocated = max(s["allocated"] for s in steps)
+                    retries = f"{trial['retries']}/{steps[-1]['retries']}"
+                    print(f"  {trial['allocated'] / GIB:10.3f} {allocated / GIB:7.3f} "
+                          f"{error(trial['allocated'], allocated):>6} {retries:>7}", end="")
+                print()
 
 
 if __name__ == "__main__":
