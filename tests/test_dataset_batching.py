@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ftplan.core.errors import FtplanError
-from ftplan.core.hardware import GpuSpec
+from ftplan.core.hardware import CPU, GpuSpec
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.prediction import Estimate, Prediction
@@ -26,7 +26,13 @@ from ftplan.planner.batching import (
     steps_per_epoch,
     worst_length,
 )
-from ftplan.planner.dataset_plan import DatasetOptions, describe_batching, describe_lengths, plan_from_lengths
+from ftplan.planner.dataset_plan import (
+    DatasetOptions,
+    dataset_plan_to_dict,
+    describe_batching,
+    describe_lengths,
+    plan_from_lengths,
+)
 from ftplan.planner.search import PlanRequest
 
 ONE_TO_EIGHT = list(range(1, 9))
@@ -138,8 +144,8 @@ BUDGET = MemoryBudget(GPU.memory_bytes)
 LARGEST = int((BUDGET.usable_bytes / GIB - STATIC_GIB) / (GIB_PER_TOKEN * 1000))
 
 
-def _plan(strategy: str, **options):
-    request = PlanRequest(base=Setting(model="llama-3-8b", seq_len=1000), dataset_size=1, epochs=1.0, gpu=GPU,
+def _plan(strategy: str, gpu: GpuSpec = GPU, **options):
+    request = PlanRequest(base=Setting(model="llama-3-8b", seq_len=1000), dataset_size=1, epochs=1.0, gpu=gpu,
                           budget=BUDGET, lora_ranks=(16,), precision="bf16")
     return plan_from_lengths(TokenPredictor(), request, LONG_TAIL, DatasetOptions(strategy=strategy, **options))
 
@@ -183,6 +189,22 @@ def test_global_batch_is_micro_batch_times_accumulation():
     assert any("gradient accumulation" in line for line in describe_batching(choice, "dynamic"))
 
 
+@pytest.mark.parametrize("strategy", ["dynamic", "group"])
+def test_variable_shapes_on_a_gpu_note_the_allocators_growth_and_keep_the_safe_batch(strategy):
+    plan = _plan(strategy)
+    (note,) = plan.notes
+    assert "1.8×" in note and "expandable_segments:True" in note and "Not yet shown to cause OOM" in note
+    assert "dataset_memory_h200_2026-12-03.txt" in note
+    assert plan.plan.recommended.batch == LARGEST  # the note changes no bound
+    assert dataset_plan_to_dict(plan, [])["notes"] == [note]
+
+
+@pytest.mark.parametrize("strategy, gpu", [("pad", GPU), ("pack", GPU), ("dynamic", GpuSpec(CPU, 80, 1, 40))])
+def test_fixed_shapes_or_a_cpu_get_no_allocator_note(strategy, gpu):
+    plan = _plan(strategy, gpu, **({"pack_length": 1000} if strategy == "pack" else {}))
+    assert plan.notes == () and dataset_plan_to_dict(plan, [])["notes"] == []
+
+
 def test_plan_cli_from_a_dataset_prints_the_distribution_and_plans_at_the_longest_batch(tmp_path, capsys, monkeypatch):
     import json
 
@@ -197,8 +219,13 @@ def test_plan_cli_from_a_dataset_prints_the_distribution_and_plans_at_the_longes
     chosen = report["recommended"]
     assert chosen["memory_length"] == 1000 and chosen["global_batch"] == 32
     assert chosen["micro_batch"] * chosen["gradient_accumulation"] == 32
+    assert any("expandable_segments:True" in note for note in report["notes"])
+    code, out, err = run_ftplan(args, capsys, monkeypatch)  # dynamic padding, the default: one note, printed
+    assert code == 0, err
+    assert out.count("note: dynamic padding changes the micro-batch's shape every step") == 1
     code, out, err = run_ftplan([*args, "--batching", "pack", "--pack-length", "1000"], capsys, monkeypatch)
     assert code == 0, err
     assert "Dataset: 1,000 samples, 109,000 tokens" in out and "109 packed rows per epoch" in out
+    assert "expandable_segments" not in out
     code, out, err = run_ftplan(["plan", "--model", "llama-3.2-1b", "--gpu", "H200"], capsys, monkeypatch)
     assert code != 0 and "--dataset-size" in out + err

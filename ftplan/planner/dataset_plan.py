@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ftplan.core.errors import FtplanError
+from ftplan.core.hardware import CPU
 from ftplan.core.settings import Setting
 from ftplan.planner.batching import (
     DEFAULT_CONFIDENCE,
@@ -31,6 +32,18 @@ from ftplan.planner.batching import (
 from ftplan.planner.dataset import CHARS_PER_TOKEN, DatasetLengths, load_lengths
 from ftplan.planner.eta import MAX_STEPS, Eta
 from ftplan.planner.search import Plan, PlanRequest, Predictor, SetupPlan, make_plan
+
+# Batchings whose padded shape changes from step to step. On a GPU such shapes fragment PyTorch's caching
+# allocator: on an H200 (benchmarks/gpu/results/dataset_memory_h200_2026-12-03.txt) a random-order epoch of
+# dynamic padding reserved 1.82x (batch 4) and 1.79x (batch 8) what a fixed-shape calibration trial at its
+# longest micro-batch reserved, the longest batch being the peak step. PyTorch documents expandable segments
+# for exactly this ("a job changing allocation sizes frequently, such as having a changing batch size"):
+# ALLOC_CONF_DOC. Packing, measured at 1.10x and 1.38x, compared flattened rows with a trial of separate
+# rows, so its gap is not the allocator's alone and it gets no note yet.
+VARIABLE_SHAPES = ("dynamic", "group")
+EXPANDABLE_SEGMENTS = "expandable_segments:True"
+ALLOC_CONF_DOC = "https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf"
+VARIABLE_SHAPE_RESULTS = "benchmarks/gpu/results/dataset_memory_h200_2026-12-03.txt"
 
 
 @dataclass(frozen=True)
@@ -80,6 +93,29 @@ class DatasetPlan:
     def recommended(self) -> SetupBatching | None:
         best = self.plan.recommended
         return self.setups.get(best.setting) if best else None
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What the plan's numbers do not show: the allocator's growth under variable shapes on a GPU."""
+        return allocator_notes(self.options.strategy, self.plan.request.gpu.name)
+
+
+def recommended_alloc_conf(strategy: str, device: str) -> str:
+    """PYTORCH_CUDA_ALLOC_CONF a run of this batching should set on this device ('' for none)."""
+    return EXPANDABLE_SEGMENTS if strategy in VARIABLE_SHAPES and device != CPU else ""
+
+
+def allocator_notes(strategy: str, device: str) -> tuple[str, ...]:
+    """The note a plan prints when its batching gives the GPU's caching allocator shapes that change each step."""
+    if not recommended_alloc_conf(strategy, device):
+        return ()
+    name = "group_by_length" if strategy == "group" else "dynamic padding"
+    return ((f"{name} changes the micro-batch's shape every step, which fragments PyTorch's CUDA caching "
+             "allocator: on an H200 a random-order epoch of dynamic padding reserved up to 1.8× the memory a "
+             f"fixed-shape calibration trial at its longest micro-batch reserved ({VARIABLE_SHAPE_RESULTS}). Not yet shown to "
+             "cause OOM (allocated memory was not recorded), so the safe batch is unchanged. Set "
+             f"PYTORCH_CUDA_ALLOC_CONF={EXPANDABLE_SEGMENTS} for the run, as PyTorch recommends for changing "
+             f"batch sizes ({ALLOC_CONF_DOC}); --emit sets it."),)
 
 
 def plan_from_lengths(predictor: Predictor, request: PlanRequest, lengths: Iterable[int] | np.ndarray,
@@ -226,4 +262,5 @@ def dataset_plan_to_dict(result: DatasetPlan, lines: list[str]) -> dict:
             "rows_per_epoch": choice.batching.rows, "real_tokens_per_step": choice.real_tokens_per_step,
             "largest_fitting_micro_batch": choice.largest_fitting, "saturating_micro_batch": choice.saturating},
         "description": lines,
+        "notes": list(result.notes),
     }

@@ -122,6 +122,8 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
             console.print(line)
         if plan is not None:
             print_plan(plan, console, failed, show_all)
+        for note in result.dataset_plan.notes if result.dataset_plan else ():
+            console.print(f"note: {note}")
     if emit is not None:
         if plan is None or plan.recommended is None:
             raise FtplanError("nothing to emit: no setup was recommended")
