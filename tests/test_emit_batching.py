@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 
 import numpy as np
 import pytest
 
-from ftplan.core.hardware import GpuSpec
+from ftplan.core.hardware import CPU, GpuSpec
 from ftplan.core.settings import Setting
 from ftplan.models.safe_batch import MemoryBudget
 from ftplan.planner.dataset_plan import DatasetOptions, plan_from_lengths
@@ -21,9 +22,23 @@ GPU = GpuSpec("TEST-80", 80, 100, 1000)
 LENGTHS = np.array([10] * 95 + [60] * 5)  # a long tail: the longest sample (60) sets memory
 
 
-def _emit(tmp_path, strategy: str, setting: Setting | None = None, **options):
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+@pytest.fixture(autouse=True)
+def _alloc_conf_restored():
+    """Importing training_args.py may set PYTORCH_CUDA_ALLOC_CONF for the process: start each test without it and
+    leave the environment as it was (calibration records read it)."""
+    before = os.environ.pop(ALLOC_CONF, None)
+    yield
+    os.environ.pop(ALLOC_CONF, None)
+    if before is not None:
+        os.environ[ALLOC_CONF] = before
+
+
+def _emit(tmp_path, strategy: str, setting: Setting | None = None, gpu: GpuSpec = GPU, **options):
     setting = setting or Setting(model="llama-3-8b", lora_rank=16, seq_len=60)
-    request = PlanRequest(base=setting, dataset_size=1, epochs=1.0, gpu=GPU, budget=MemoryBudget(GPU.memory_bytes),
+    request = PlanRequest(base=setting, dataset_size=1, epochs=1.0, gpu=gpu, budget=MemoryBudget(GPU.memory_bytes),
                           lora_ranks=(16,), precision="bf16", training="lora")
     plan = plan_from_lengths(FakePredictor(), request, LENGTHS,
                              DatasetOptions(strategy=strategy, pack_length=64 if strategy == "pack" else None,
@@ -81,6 +96,28 @@ def test_dynamic_padding_pads_each_micro_batch_to_its_longest_and_labels_with_mi
     batch = _collate(_module(tmp_path), [3, 7])
     assert tuple(batch["input_ids"].shape) == (2, 7)
     assert batch["labels"][0].tolist() == [1, 1, 1] + [-100] * 4
+
+
+@pytest.mark.parametrize("strategy", ["dynamic", "group"])
+def test_variable_shapes_on_a_gpu_set_expandable_segments_before_cuda_allocates(tmp_path, strategy):
+    pytest.importorskip("transformers")
+    _emit(tmp_path, strategy)
+    readme, module_text = (tmp_path / README).read_text(), (tmp_path / TRAINING_ARGS_PY).read_text()
+    assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in readme
+    setdefault = 'os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")'
+    assert module_text.index(setdefault) < module_text.index("from transformers import")  # before torch is loaded
+    _module(tmp_path)
+    assert os.environ[ALLOC_CONF] == "expandable_segments:True"
+    os.environ[ALLOC_CONF] = "backend:cudaMallocAsync"  # a value the user exported is kept
+    _module(tmp_path)
+    assert os.environ[ALLOC_CONF] == "backend:cudaMallocAsync"
+
+
+@pytest.mark.parametrize("strategy, gpu", [("pad", GPU), ("pack", GPU), ("dynamic", GpuSpec(CPU, 80, 1, 40))])
+def test_fixed_shapes_or_a_cpu_leave_the_allocator_alone(tmp_path, strategy, gpu):
+    _emit(tmp_path, strategy, gpu=gpu)
+    for name in (README, TRAINING_ARGS_PY):
+        assert ALLOC_CONF not in (tmp_path / name).read_text()
 
 
 def test_pad_to_max_pads_every_sample_to_the_planned_length(tmp_path):

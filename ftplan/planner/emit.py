@@ -17,7 +17,7 @@ from pathlib import Path
 from ftplan.calibration.deepspeed_config import deepspeed_config
 from ftplan.core.errors import FtplanError
 from ftplan.core.settings import Setting
-from ftplan.planner.dataset_plan import DatasetPlan
+from ftplan.planner.dataset_plan import ALLOC_CONF_DOC, DatasetPlan
 from ftplan.planner.emit_batching import (
     PlannedBatch,
     collator_code,
@@ -112,8 +112,16 @@ def readme(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch) -> str:
         lines.append("    transformers 4.x: group_by_length=True instead of train_sampling_strategy (training_args.py "
                      "picks the one your version takes)")
     if not batch.from_dataset:
-        lines.append('    Dynamic padding (padding="longest") never needs more memory; `ftplan plan --dataset` plans it.')
+        lines.append('    Dynamic padding (padding="longest") pads less, but on a GPU its changing shapes can make the '
+                     "caching allocator reserve more; `ftplan plan --dataset` plans it.")
     lines += [f"    {line[2:]}" for line in length_limit_comment(batch)]
+    if batch.alloc_conf:
+        lines += ["", "Before the run, on every node: micro-batches whose shape changes every step fragment PyTorch's CUDA",
+                  "caching allocator (on an H200 an epoch of dynamic padding reserved up to 1.8x what the calibration",
+                  "measured at its longest micro-batch); expandable segments let it grow one segment instead:",
+                  f"    export PYTORCH_CUDA_ALLOC_CONF={batch.alloc_conf}",
+                  f"    ({ALLOC_CONF_DOC})",
+                  "training_args.py sets it too, when train.py imports it before anything is put on the GPU."]
     if setting.liger:
         lines += ["", "Liger: training_args.json sets use_liger_kernel=True; outside the Trainer patch the model first:",
                   "    from liger_kernel.transformers import AutoLigerKernelForCausalLM",

@@ -14,7 +14,7 @@ import pprint
 import textwrap
 from dataclasses import dataclass
 
-from ftplan.planner.dataset_plan import DatasetPlan
+from ftplan.planner.dataset_plan import ALLOC_CONF_DOC, DatasetPlan, recommended_alloc_conf
 from ftplan.planner.search import PlanRequest, SetupPlan
 
 # transformers 5 names Trainer's length-grouped sampler this way; 4.x took group_by_length=True instead.
@@ -32,6 +32,7 @@ class PlannedBatch:
     limit: int | None    # samples over it are truncated or dropped; None when no sample is over
     too_long: str
     from_dataset: bool
+    alloc_conf: str = ""  # PYTORCH_CUDA_ALLOC_CONF the run should set (dataset_plan.recommended_alloc_conf)
 
 
 def planned_batch(setup: SetupPlan, request: PlanRequest, dataset: DatasetPlan | None) -> PlannedBatch:
@@ -40,9 +41,10 @@ def planned_batch(setup: SetupPlan, request: PlanRequest, dataset: DatasetPlan |
     choice = dataset.setups.get(setup.setting) if dataset is not None else None
     if choice is None:
         return PlannedBatch(setup.batch, 1, "pad", request.base.seq_len, None, "truncate", False)
-    limited = dataset.limited
-    return PlannedBatch(choice.micro_batch, choice.accumulation, dataset.options.strategy,
-                        choice.batching.memory_length, limited.limit if limited.over else None, limited.too_long, True)
+    limited, strategy = dataset.limited, dataset.options.strategy
+    return PlannedBatch(choice.micro_batch, choice.accumulation, strategy, choice.batching.memory_length,
+                        limited.limit if limited.over else None, limited.too_long, True,
+                        recommended_alloc_conf(strategy, request.gpu.name))
 
 
 def sampler_args(batch: PlannedBatch) -> dict:
@@ -73,6 +75,24 @@ def length_limit_comment(batch: PlannedBatch) -> list[str]:
              f"train = train.filter(lambda s: len(s['input_ids']) <= {batch.limit})")]
 
 
+def alloc_conf_lines(batch: PlannedBatch) -> list[str]:
+    """training_args.py's PYTORCH_CUDA_ALLOC_CONF, set before anything imports transformers.
+
+    PyTorch reads the variable once, when CUDA starts in the process (the first tensor put on the GPU), so
+    setting it here works only when train.py imports this module before that; README.txt's export works anyway.
+    setdefault keeps a value the user exported.
+    """
+    if not batch.alloc_conf:
+        return []
+    return ["import os",
+            "",
+            "# Shapes that change every step fragment PyTorch's caching allocator; expandable segments let it grow",
+            f"# one segment instead ({ALLOC_CONF_DOC}).",
+            "# PyTorch reads it once, when CUDA starts: import this module in train.py before anything is put on the GPU.",
+            f'os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "{batch.alloc_conf}")',
+            ""]
+
+
 def training_args_py(kwargs: dict, batch: PlannedBatch, headline: str) -> str:
     """A module a train.py imports: training_arguments() and data_collator(tokenizer) for the planned setup."""
     collator, why = collator_code(batch)
@@ -92,6 +112,7 @@ def training_args_py(kwargs: dict, batch: PlannedBatch, headline: str) -> str:
         "README.txt beside it has the launch command (and the LoRA and Liger lines, where planned).",
         '"""',
         "",
+        *alloc_conf_lines(batch),
         *(["import inspect"] if batch.strategy == "group" else []),
         "from pathlib import Path",
         "",
