@@ -44,8 +44,9 @@ def _fault_time(log: str) -> float:
 
 
 @pytest.mark.parametrize("mode, gpus, reason", [
-    ("raise", 2, "exited with code 1: [rank1]: RuntimeError: rank 1 fails mid-step"),
-    ("os_exit", 3, "exited with code 9: rank 2 misbehaves (os_exit)"),
+    # a raising rank exits 1, or, when gloo's threads are still running at exit, is aborted by the C++ runtime
+    ("raise", 2, r"exited with code 1: \[rank1\]: RuntimeError: rank 1 fails mid-step|killed by SIGABRT"),
+    ("os_exit", 3, r"exited with code 9: rank 2 misbehaves \(os_exit\)"),
 ])
 def test_a_rank_dying_in_a_gloo_group_ends_every_rank_and_is_recorded_as_failed(tmp_path, capsys, monkeypatch,
                                                                                 mode, gpus, reason):
@@ -54,7 +55,7 @@ def test_a_rank_dying_in_a_gloo_group_ends_every_rank_and_is_recorded_as_failed(
                                                                fault={"rank": faulty, "mode": mode}, timeout=120)
     assert code == 0  # a failed trial is a result, not a failed calibration
     assert seconds < 30 and ended - _fault_time(logs[faulty]) < 30
-    assert record["status"] == "error" and record["message"].startswith(f"rank {faulty}: {reason}")
+    assert record["status"] == "error" and re.match(f"rank {faulty}: ({reason})", record["message"])
     for rank in range(faulty):
         assert f"rank {rank} entering all_reduce" in logs[rank]  # it was blocked in the collective
 
