@@ -106,7 +106,7 @@ def _inside(prediction, budget: MemoryBudget) -> bool:
     """Below any observed wall or OOM, and the upper bound of reserved memory within the usable memory
     or the batch (or a larger one) measured healthy with a peak within the card less the user's margins."""
     wall = prediction.wall_batch
-    measured = any(batch >= prediction.micro_batch and peak <= budget.measured_limit_bytes
+    measured = any(batch >= prediction.micro_batch and peak <= budget.usable_bytes
                    for batch, peak in prediction.measured_healthy)
     return (prediction.peak_reserved.upper <= budget.usable_bytes or measured) and (wall is None or prediction.micro_batch < wall)
 

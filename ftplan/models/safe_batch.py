@@ -2,9 +2,11 @@
 
 A batch is safe when it stays below any batch observed at the allocator wall or out of memory, and
 either the *upper* bound of per-GPU peak reserved memory stays within capacity·(1 − margin) −
-context reserve, or the batch was itself measured healthy with a peak that fits the same budget
-less the margin meant for predictions (observations outrank any fit, both ways). A margin the user
-sets applies to measured batches too: someone who keeps 10% free for another process means it.
+context reserve, or the batch was itself measured healthy with a peak within that same budget
+(observations outrank any fit, both ways). One budget for both: a calibration trial runs a few
+steps, a real run thousands with evaluation and checkpoints between them, so a batch that ran at
+99% of the card is no safer than a prediction of 99% (qwen2.5-0.5b full ran at batch 19 with 138.7 of
+139.8 GiB reserved; it is recorded, and planned only when the user lowers the margin).
 The planner (over Predictor answers) and the accuracy benchmark (over one SettingFit) both call
 `largest_safe_batch`, so the batch the planner recommends is the batch the benchmark scores.
 
@@ -26,10 +28,9 @@ DEFAULT_CONTEXT_RESERVE_GIB = 0.0
 
 @dataclass(frozen=True)
 class MemoryBudget:
-    """How much of a card a batch may use: capacity·(1 − margin) − context reserve.
+    """How much of a card a batch may use, predicted or measured: capacity·(1 − margin) − context reserve.
 
-    safety_margin None is the default policy: SAFETY_MARGIN above predicted bounds, none above a
-    batch that was measured (its peak is no estimate). A number is the user's, for both.
+    safety_margin None is the default policy (SAFETY_MARGIN); a number is the user's.
     """
 
     capacity_bytes: int
@@ -52,13 +53,8 @@ class MemoryBudget:
 
     @property
     def usable_bytes(self) -> int:
-        """What a predicted upper bound may reach."""
+        """What a predicted upper bound or a measured peak may reach."""
         return int(self.capacity_bytes * (1 - self.margin) - self.context_reserve_bytes)
-
-    @property
-    def measured_limit_bytes(self) -> int:
-        """What a measured peak may reach: the card less the user's own margins."""
-        return int(self.capacity_bytes * (1 - (self.safety_margin or 0.0)) - self.context_reserve_bytes)
 
     def describe(self) -> str:
         text = (f"usable {self.usable_bytes / GIB:.1f} GiB = {self.capacity_bytes / GIB:.1f} GiB "
@@ -70,7 +66,7 @@ class MemoryBudget:
 
 def proven_batch(measured_healthy: Sequence[tuple[int, float]], limit_bytes: int) -> int | None:
     """Largest batch that ran healthily with a measured peak within the limit: safe by observation
-    (qwen2.5-0.5b full ran at batch 19, 99.2% of an H200, where the fit's bound is cautious)."""
+    where the fit's bound is cautious."""
     return max((batch for batch, peak in measured_healthy if peak <= limit_bytes), default=None)
 
 
@@ -79,7 +75,7 @@ def is_safe(batch: int, reserved_upper_bytes: float, budget: MemoryBudget, obser
     """The rule for one batch: below the smallest batch seen at the wall or OOM, and either no larger
     than a batch measured healthy within the card or under the usable memory."""
     below_limit = observed_limit is None or batch < observed_limit
-    proven = proven_batch(measured_healthy, budget.measured_limit_bytes)
+    proven = proven_batch(measured_healthy, budget.usable_bytes)
     return bool(below_limit and ((proven is not None and batch <= proven) or reserved_upper_bytes <= budget.usable_bytes))
 
 

@@ -71,7 +71,7 @@ def budget_options(command: Callable) -> Callable:
                                 "(torch's reserved bytes omit them).")(command)
     return click.option("--safety-margin", type=FINITE_FLOAT, default=None,
                         help="Fraction of capacity kept free, above predicted bounds and measured peaks alike.  "
-                             f"[default: {DEFAULT_SAFETY_MARGIN:.0%} above predicted bounds, none above measured peaks]")(command)
+                             f"[default: {DEFAULT_SAFETY_MARGIN:.0%}]")(command)
 
 
 def link_options(command: Callable) -> Callable:

@@ -15,12 +15,12 @@ from ftplan.core.hardware import GpuSpec, aliases_of
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.communication import describe_layout
-from ftplan.models.prediction import Estimate, Prediction
+from ftplan.models.prediction import SOURCE_MEASURED, Estimate, Prediction
 from ftplan.models.safe_batch import MemoryBudget
 from ftplan.planner import advice
 from ftplan.planner.eta import Eta, format_duration
 from ftplan.planner.gpu_counts import KINDS, UNCHECKED, ScalingPlan
-from ftplan.planner.search import Plan, SetupPlan
+from ftplan.planner.search import Plan, SetupPlan, fits_budget
 
 SOURCE_STYLE = {"measured": "green", "interpolated": "green", "extrapolated": "yellow"}  # anything else: red
 # Piped output has no terminal to measure and rich would assume 80 columns; files and pagers take wider lines,
@@ -114,7 +114,7 @@ def plan_to_dict(plan: Plan, failed: dict[Setting, str] | None = None) -> dict:
                     "epochs": request.epochs, "price_per_gpu_hour": request.price_per_gpu_hour,
                     "max_hours": request.max_hours, "by": request.by, "training": request.training,
                     "host_memory_gib": request.host_memory_gib},
-        "memory_budget": {"capacity_gib": budget.capacity_bytes / GIB, "safety_margin": budget.margin, "measured_limit_gib": budget.measured_limit_bytes / GIB,
+        "memory_budget": {"capacity_gib": budget.capacity_bytes / GIB, "safety_margin": budget.margin,
                           "context_reserve_gib": budget.context_reserve_bytes / GIB,
                           "usable_gib": budget.usable_bytes / GIB},
         "ranked": [setup_to_dict(s, failed) for s in plan.ranked],
@@ -312,17 +312,32 @@ def host_line(host_bytes: int, host_memory_gib: float | None, enough: bool) -> s
     return f"host memory: {'fits' if enough else 'NOT enough'}: {need}; you have {host_memory_gib:g}"
 
 
-def eta_lines(prediction: Prediction, eta: Eta, fits: bool, budget: MemoryBudget) -> list[str]:
+def memory_verdict(prediction: Prediction, budget: MemoryBudget) -> str:
+    """The one wording of whether a batch fits, for `eta` and `predict`: the rule of models/safe_batch.py,
+    with the reason that decided it."""
     reserved = prediction.peak_reserved
-    verdict = "fits safely" if fits else "NOT safe (upper bound above the usable memory)"
     if prediction.wall_batch is not None and prediction.micro_batch >= prediction.wall_batch:
         verdict = f"NOT safe (batch {prediction.wall_batch} was seen at the allocator wall or OOM)"
+    elif reserved.upper <= budget.usable_bytes:
+        verdict = "fits (upper bound within the usable memory)"
+    elif fits_budget(prediction, budget):
+        verdict = "fits (a batch this large ran within the usable memory; the model's bound is above it)"
+    elif prediction.source == SOURCE_MEASURED:
+        verdict = "NOT safe (this batch ran, but its measured peak leaves less free than the safety margin)"
+    elif reserved.mean > budget.usable_bytes:
+        verdict = "does NOT fit (even the predicted peak is above the usable memory)"
+    else:
+        verdict = "NOT safe (upper bound above the usable memory)"
+    return (f"memory: {verdict}: peak reserved {reserved.mean / GIB:.1f} GiB (upper {reserved.upper / GIB:.1f}) "
+            f"vs {budget.describe()}")
+
+
+def eta_lines(prediction: Prediction, eta: Eta, budget: MemoryBudget) -> list[str]:
     lines = [f"steps: {eta.steps:,}",
              f"seconds per step: {eta.seconds_per_step:.2f} (upper {prediction.seconds_per_step.upper:.2f})",
              f"total time: {format_duration(eta.total_seconds)} ({eta.hours:.2f} h)",
              f"cost: {_cost(eta)}" + (" (price per GPU-hour × GPUs)" if eta.cost is not None else ""),
-             f"memory: {verdict}: peak reserved {reserved.mean / GIB:.1f} GiB (upper {reserved.upper / GIB:.1f}) "
-             f"vs {budget.describe()}",
+             memory_verdict(prediction, budget),
              f"source: {prediction.source}"]
     return lines + [f"note: {note}" for note in prediction.notes]
 

@@ -82,5 +82,5 @@ def command(batch_size: int, dataset_size: int, epochs: float, price_per_hour: f
     if setting.world_size > 1:
         click.echo(f"  {links_text} {spread_text}")
     host = host_line(host_bytes, host_memory_gib, host_enough)
-    for line in eta_lines(prediction, eta, fits_budget(prediction, budget), budget) + ([host] if host else []):
+    for line in eta_lines(prediction, eta, budget) + ([host] if host else []):
         click.echo(f"  {line}")

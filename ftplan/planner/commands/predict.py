@@ -18,9 +18,11 @@ from ftplan.core.hardware import GpuSpec, find_gpu, load_catalog
 from ftplan.core.units import GIB
 from ftplan.models.communication import describe_layout
 from ftplan.models.prediction import Prediction
-from ftplan.models.safe_batch import MemoryBudget, is_safe, proven_batch
+from ftplan.models.safe_batch import MemoryBudget, proven_batch
 from ftplan.planner.commands.options import setting_from_options, setting_options, step_time_cv_option
-from ftplan.planner.inputs import calibrations_option, link_options, load_evidence
+from ftplan.planner.inputs import budget_options, calibrations_option, link_options, load_evidence
+from ftplan.planner.render import memory_verdict
+from ftplan.planner.search import fits_budget
 from ftplan.planner.scaling import with_step_time_cv
 
 DEFAULT_GPU = "H200"  # the card the shipped calibrations were measured on
@@ -34,11 +36,12 @@ DEFAULT_GPU = "H200"  # the card the shipped calibrations were measured on
               help="CSV of GPU specs (columns as in `ftplan gpus`) overriding or extending the catalog.")
 @link_options
 @step_time_cv_option
+@budget_options
 @calibrations_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def command(batch_size: int, gpu_name: str, gpu_specs: Path | None, intra_node_bandwidth: str | None,
-            inter_node_bandwidth: str | None, step_time_cv: float | None, calibrations: tuple[Path, ...],
-            as_json: bool, **options) -> None:
+            inter_node_bandwidth: str | None, step_time_cv: float | None, safety_margin: float | None,
+            context_reserve_gib: float, calibrations: tuple[Path, ...], as_json: bool, **options) -> None:
     """Predicted peak allocated and reserved memory per GPU and seconds per optimizer step."""
     setting = setting_from_options(options)
     load_architecture(setting.model)  # an unknown model fails here, with close names, before any fitting
@@ -48,9 +51,10 @@ def command(batch_size: int, gpu_name: str, gpu_specs: Path | None, intra_node_b
     links, links_text = evidence.links(gpu, intra_node_bandwidth, inter_node_bandwidth)
     links, spread_text = with_step_time_cv(links, step_time_cv, evidence.records)
     prediction = evidence.predictor_with(links).predict(setting, batch_size, gpu)
+    budget = evidence.budget(gpu, safety_margin, context_reserve_gib)
     layout = describe_layout(setting.gpus, setting.nodes)
     if as_json:
-        click.echo(json.dumps({**prediction_to_dict(prediction, gpu),
+        click.echo(json.dumps({**prediction_to_dict(prediction, gpu, budget),
                                "layout": {"gpus": setting.world_size, "gpus_per_node": setting.gpus,
                                           "nodes": setting.nodes, "description": layout}}, indent=2))
     else:
@@ -58,10 +62,10 @@ def command(batch_size: int, gpu_name: str, gpu_specs: Path | None, intra_node_b
         console.print(f"layout: {layout}")
         if setting.world_size > 1:
             console.print(f"{links_text} {spread_text}")
-        print_prediction(prediction, gpu, console)
+        print_prediction(prediction, gpu, budget, console)
 
 
-def prediction_to_dict(prediction: Prediction, gpu: GpuSpec) -> dict:
+def prediction_to_dict(prediction: Prediction, gpu: GpuSpec, budget: MemoryBudget) -> dict:
     return {
         "peak_allocated_gib": prediction.peak_allocated.mean / GIB,
         "peak_reserved_gib": prediction.peak_reserved.mean / GIB,
@@ -69,24 +73,23 @@ def prediction_to_dict(prediction: Prediction, gpu: GpuSpec) -> dict:
         "peak_allocated_upper_gib": prediction.peak_allocated.upper / GIB,
         "peak_reserved_upper_gib": prediction.peak_reserved.upper / GIB,
         "seconds_per_step_upper": prediction.seconds_per_step.upper,
-        "fits_in_memory": is_safe(prediction.micro_batch, prediction.peak_reserved.upper,
-                                  MemoryBudget(gpu.memory_bytes, safety_margin=0.0), prediction.wall_batch,
-                                  prediction.measured_healthy),
+        "fits_in_memory": fits_budget(prediction, budget),
         "gpu": gpu.name,
-        "gpu_memory_gib": gpu.memory_gib,
+        "gpu_memory_gib": budget.capacity_bytes / GIB,
+        "usable_gib": budget.usable_bytes / GIB,
         "micro_batch": prediction.micro_batch,
         "setting": prediction.setting.to_dict(),
         "source": prediction.source,
         "evidence": prediction.evidence,
         "wall_batch": prediction.wall_batch,
-        "proven_batch": proven_batch(prediction.measured_healthy, int(gpu.memory_bytes)),
+        "proven_batch": proven_batch(prediction.measured_healthy, budget.usable_bytes),
         "notes": list(prediction.notes),
     }
 
 
-def print_prediction(prediction: Prediction, gpu: GpuSpec, console: Console) -> None:
+def print_prediction(prediction: Prediction, gpu: GpuSpec, budget: MemoryBudget, console: Console) -> None:
     table = Table("", "predicted", "upper bound", title=f"{prediction.setting.model} {prediction.setting.label()}, "
-                  f"micro-batch {prediction.micro_batch} on {gpu.name} ({gpu.memory_gib:g} GiB)")
+                  f"micro-batch {prediction.micro_batch} on {gpu.name} ({budget.capacity_bytes / GIB:.1f} GiB)")
     table.add_row("peak allocated / GPU", f"{prediction.peak_allocated.mean / GIB:.2f} GiB",
                   f"{prediction.peak_allocated.upper / GIB:.2f} GiB")
     table.add_row("peak reserved / GPU", f"{prediction.peak_reserved.mean / GIB:.2f} GiB",
@@ -96,10 +99,9 @@ def print_prediction(prediction: Prediction, gpu: GpuSpec, console: Console) -> 
     console.print(f"evidence: {prediction.evidence}")
     if prediction.wall_batch is not None:
         console.print(f"allocator wall or OOM observed at micro-batch {prediction.wall_batch}")
-    proven = proven_batch(prediction.measured_healthy, gpu.memory_bytes)
+    proven = proven_batch(prediction.measured_healthy, budget.usable_bytes)
     if proven is not None:
-        console.print(f"measured healthy up to micro-batch {proven} on this card")
-    if prediction.peak_reserved.upper > gpu.memory_bytes and (proven is None or prediction.micro_batch > proven):
-        console.print(f"[bold red]may not fit[/]: upper bound of reserved memory exceeds the card's {gpu.memory_gib:g} GiB")
+        console.print(f"measured healthy up to micro-batch {proven} within the usable memory")
+    console.print(memory_verdict(prediction, budget), markup=False)
     for note in prediction.notes:
         console.print(f"note: {note}")
