@@ -104,7 +104,7 @@ def load_catalog(extra_specs: Path | None = None) -> dict[str, GpuSpec]:
 def _read_specs(path: Path) -> pd.DataFrame:
     try:
         frame = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: pandas' parser errors, and bytes that are not UTF-8
         raise FtplanError(f"cannot read GPU specs {path}: {exc}") from None
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:

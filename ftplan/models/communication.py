@@ -114,7 +114,7 @@ def _network_rows() -> list[dict]:
     path = data_dir() / "networks.csv"
     try:
         return pd.read_csv(path).to_dict("records")
-    except (OSError, pd.errors.ParserError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: pandas' parser errors, and bytes that are not UTF-8
         raise FtplanError(f"cannot read network catalog {path}: {exc}") from None
 
 
@@ -235,7 +235,7 @@ def _socket_fractions() -> tuple[tuple[int, ...], tuple[float, ...]]:
     path = data_dir() / "tcp_allreduce.csv"
     try:
         rows = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: pandas' parser errors, and bytes that are not UTF-8
         raise FtplanError(f"cannot read socket-transport measurements {path}: {exc}") from None
     fraction = (rows["bus_gbit_s_low"] + rows["bus_gbit_s_high"]) / 2 / rows["line_gbit_s"]
     medians = fraction.groupby(rows["gpus_per_node"]).median()
