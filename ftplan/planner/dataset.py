@@ -1,9 +1,9 @@
 """Token lengths of a local training dataset: the input of dataset-aware planning (ftplan.planner.batching).
 
 Reads JSONL, JSON, CSV, Parquet or a Hugging Face `save_to_disk` folder (Parquet and the folder need
-pyarrow), takes a text field (or a chat `messages` list, whose contents are joined) or a pre-tokenized
-ids field, and counts tokens with a local tokenizer (a folder holding tokenizer.json, or the file) through
-the `tokenizers` library. Nothing is downloaded. Without a tokenizer the count is an estimate at
+pyarrow), takes a text field (or TRL's prompt + completion, or a chat `messages` list, whose contents are
+joined) or a pre-tokenized ids field, and counts tokens with a local tokenizer (a folder holding
+tokenizer.json, or the file) through the `tokenizers` library. Nothing is downloaded. Without a tokenizer the count is an estimate at
 CHARS_PER_TOKEN characters per token, and says so.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +23,8 @@ from ftplan.core.errors import FtplanError
 # English prose through a modern BPE vocabulary runs at about 4 characters per token (OpenAI's rule of
 # thumb for its tokenizers; Llama-3's 128k vocabulary lands close to it). Code and other languages differ.
 CHARS_PER_TOKEN = 4.0
-TEXT_FIELDS = ("text", "content", "messages", "conversations", "prompt")
+# In order of preference; TRL's prompt-completion format trains on both, so both are counted.
+TEXT_FIELDS = (("text",), ("content",), ("prompt", "completion"), ("messages",), ("conversations",), ("prompt",))
 IDS_FIELDS = ("input_ids",)
 TOKENIZE_BATCH = 1000
 
@@ -43,7 +45,8 @@ def load_lengths(path: Path | str, text_field: str | None = None, ids_field: str
     """Token length of every sample of the dataset at path.
 
     With ids_field (or an `input_ids` column and no text_field) the stored ids are counted; otherwise the
-    text field is tokenized with `tokenizer`, or estimated at chars_per_token without one.
+    text field (the first of TEXT_FIELDS the data holds) is tokenized with `tokenizer`, or estimated at
+    chars_per_token without one. The method says which fields were counted, as the plan prints it.
     """
     path = Path(path)
     frame = read_table(path)
@@ -51,26 +54,73 @@ def load_lengths(path: Path | str, text_field: str | None = None, ids_field: str
         raise FtplanError(f"{path} holds no samples")
     if ids_field is None and text_field is None:
         ids_field = next((f for f in IDS_FIELDS if f in frame.columns), None)
-        text_field = None if ids_field else next((f for f in TEXT_FIELDS if f in frame.columns), None)
-        if ids_field is None and text_field is None:
-            raise FtplanError(f"{path}: no text or input_ids column among {list(frame.columns)}; "
-                              "name one with --text-field or --ids-field")
-    field = ids_field or text_field
-    if field not in frame.columns:
-        raise FtplanError(f"{path}: no field '{field}'; the columns are {list(frame.columns)}")
-    column = frame[field]
     if ids_field:
-        lengths = np.asarray([_ids_length(v, field) for v in column], dtype=np.int64)
-        return DatasetLengths(_nonempty(lengths, path), path, field, f"stored token ids ('{field}')", False)
-    texts = [_as_text(v) for v in column]
+        column = _column(frame, ids_field, path)
+        lengths = np.asarray([_ids_length(v, ids_field, path, row) for row, v in enumerate(column)], dtype=np.int64)
+        return DatasetLengths(_nonempty(lengths, path), path, ids_field, f"stored token ids ('{ids_field}')", False)
+    fields = (text_field,) if text_field else _text_fields(frame.columns, path)
+    texts = _texts(frame, fields, path)
+    used = " + ".join(f"'{f}'" for f in fields)
+    if any(isinstance(v, (list, tuple, np.ndarray)) for v in frame[fields[0]]):
+        used += "; message contents only, the chat template's tokens are not counted"
     if tokenizer is not None:
         lengths = _tokenize(texts, Path(tokenizer))
-        return DatasetLengths(_nonempty(lengths, path), path, field, f"tokenizer {tokenizer}", False)
+        return DatasetLengths(_nonempty(lengths, path), path, " + ".join(fields),
+                              f"tokenizer {tokenizer}, of {used}", False)
     if chars_per_token <= 0:
         raise FtplanError(f"characters per token must be positive, got {chars_per_token}")
-    lengths = np.asarray([max(1, math.ceil(len(t) / chars_per_token)) for t in texts], dtype=np.int64)
-    return DatasetLengths(lengths, path, field,
-                          f"ESTIMATE at {chars_per_token:g} characters per token (no --tokenizer given)", True)
+    lengths = np.asarray([math.ceil(len(t) / chars_per_token) for t in texts], dtype=np.int64)
+    return DatasetLengths(_nonempty(lengths, path), path, " + ".join(fields),
+                          f"ESTIMATE at {chars_per_token:g} characters per token (no --tokenizer given), of {used}",
+                          True)
+
+
+def _text_fields(columns: pd.Index, path: Path) -> tuple[str, ...]:
+    """The first of TEXT_FIELDS the dataset holds all of."""
+    for fields in TEXT_FIELDS:
+        if all(f in columns for f in fields):
+            return fields
+    raise FtplanError(f"{path}: no text or input_ids column among {list(columns)}; "
+                      "name one with --text-field or --ids-field")
+
+
+def _column(frame: pd.DataFrame, field: str, path: Path) -> pd.Series:
+    if field not in frame.columns:
+        raise FtplanError(f"{path}: no field '{field}'; the columns are {list(frame.columns)}")
+    return frame[field]
+
+
+def _texts(frame: pd.DataFrame, fields: tuple[str, ...], path: Path) -> list[str]:
+    """Each row's fields joined; a row missing one (absent, null, not text) is an error, since counting it
+    as one token undercounts the plan by whatever the row really holds."""
+    columns = [_column(frame, f, path) for f in fields]
+    texts, missing = [], []
+    for row, values in enumerate(zip(*columns)):
+        if all(_is_text(v) for v in values):
+            texts.append("".join(_as_text(v) for v in values))
+        else:
+            missing.append(row)
+    if missing:
+        raise FtplanError(f"{path}: {len(missing):,} of {len(frame):,} rows have no text in "
+                          f"{' or '.join(repr(f) for f in fields)} (absent, null or not a string), e.g. "
+                          f"{_where(path, missing[0])}; fix or drop them, or name the field with --text-field")
+    return texts
+
+
+def _is_text(value: object) -> bool:
+    return isinstance(value, (str, list, tuple, np.ndarray))
+
+
+def _where(path: Path, row: int) -> str:
+    """Where a row sits in the file: its line in plain JSONL (pandas skips blank lines), else its number."""
+    if path.suffix.lower() in (".jsonl", ".ndjson"):
+        with path.open("rb") as stream:
+            seen = -1
+            for number, line in enumerate(stream, 1):
+                seen += bool(line.strip())
+                if seen == row:
+                    return f"line {number}"
+    return f"row {row + 1}"
 
 
 def read_table(path: Path) -> pd.DataFrame:
@@ -89,11 +139,12 @@ def read_table(path: Path) -> pd.DataFrame:
             except ValueError:
                 return pd.read_json(path)
         if suffix in (".csv", ".csv.gz", ".tsv"):
-            return pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",")
+            # an empty cell is empty text, and 'NA' or 'null' are words, not missing values
+            return pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", keep_default_na=False)
         if suffix == ".parquet":
             _need_pyarrow("Parquet")
             return pd.read_parquet(path)
-    except (ValueError, pd.errors.ParserError, UnicodeDecodeError) as error:
+    except (OSError, ValueError) as error:  # ValueError: pandas' parser errors, and bytes that are not UTF-8
         raise FtplanError(f"cannot read {path}: {error}") from error
     raise FtplanError(f"{path}: unknown dataset format '{path.suffix}' (JSONL, JSON, CSV, Parquet, or a save_to_disk folder)")
 
@@ -102,23 +153,40 @@ def _read_saved_dataset(folder: Path) -> pd.DataFrame:
     """A Hugging Face `save_to_disk` folder: Arrow stream files listed in state.json; a DatasetDict's train split."""
     splits = folder / "dataset_dict.json"
     if splits.exists():
-        names = json.loads(splits.read_text()).get("splits", [])
+        names = _json_object(splits).get("splits", [])
         split = "train" if "train" in names else (names[0] if names else None)
         if split is None:
             raise FtplanError(f"{folder}: dataset_dict.json names no split")
         return _read_saved_dataset(folder / split)
     state = folder / "state.json"
-    files = ([folder / f["filename"] for f in json.loads(state.read_text()).get("_data_files", [])]
-             if state.exists() else sorted(folder.glob("*.arrow")))
+    try:
+        files = ([folder / f["filename"] for f in _json_object(state).get("_data_files", [])]
+                 if state.exists() else sorted(folder.glob("*.arrow")))
+    except (KeyError, TypeError) as error:
+        raise FtplanError(f"{state}: a data file entry lacks its filename") from error
     if not files:
         raise FtplanError(f"{folder} is a folder but not a save_to_disk dataset (no state.json or .arrow files)")
     _need_pyarrow("a save_to_disk folder")
     import pyarrow as pa
     tables = []
     for file in files:
-        with pa.memory_map(str(file)) as source:
-            tables.append(pa.ipc.open_stream(source).read_all())
+        try:
+            with pa.memory_map(str(file)) as source:
+                tables.append(pa.ipc.open_stream(source).read_all())
+        except (OSError, pa.ArrowException) as error:
+            raise FtplanError(f"cannot read {file}: {error}") from error
     return pa.concat_tables(tables).to_pandas()
+
+
+def _json_object(path: Path) -> dict:
+    """A save_to_disk folder's JSON index file, or a one-line error for a corrupt one."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError) as error:  # ValueError: not JSON or not UTF-8
+        raise FtplanError(f"cannot read {path}: {error}") from error
+    if not isinstance(data, dict):
+        raise FtplanError(f"{path} holds {type(data).__name__}, not a JSON object")
+    return data
 
 
 def _need_pyarrow(what: str) -> None:
@@ -154,22 +222,32 @@ def _as_text(value: object) -> str:
         return value
     if isinstance(value, (list, tuple, np.ndarray)):
         return "\n".join(_as_text(v.get("content", v.get("value", "")) if isinstance(v, dict) else v) for v in value)
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    return str(value)
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
 
 
-def _ids_length(value: object, field: str) -> int:
+def _ids_length(value: object, field: str, path: Path, row: int) -> int:
     if isinstance(value, str):
-        value = json.loads(value)  # ids written to CSV come back as their JSON text
-    try:
-        return len(value)
-    except TypeError as error:
-        raise FtplanError(f"field '{field}' holds {type(value).__name__}, not a list of token ids") from error
+        try:
+            value = json.loads(value)  # ids written to CSV come back as their JSON text
+        except (ValueError, RecursionError):
+            pass
+    if not isinstance(value, (list, tuple, np.ndarray)):
+        raise FtplanError(f"{path}: field '{field}' holds {type(value).__name__} {_clip(value)} at "
+                          f"{_where(path, row)}, not a list of token ids")
+    return len(value)
+
+
+def _clip(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _nonempty(lengths: np.ndarray, path: Path) -> np.ndarray:
+    """Samples of zero tokens, left out: they add no tokens and a collator has nothing to batch."""
     empty = int((lengths == 0).sum())
     if empty == len(lengths):
         raise FtplanError(f"{path}: every sample is empty")
+    if empty:
+        warnings.warn(f"{path}: {empty:,} of {len(lengths):,} samples are empty (0 tokens) and are left out",
+                      UserWarning, stacklevel=3)
     return lengths[lengths > 0]

@@ -15,7 +15,7 @@ DATASET_OPTIONS = (
                  help="A dataset (JSONL, JSON, CSV, Parquet or a save_to_disk folder) whose token lengths `plan` plans "
                       "with and whose longest sample `calibrate` runs at; --seq-len, if given, is the longest a "
                       "sample may be."),
-    click.option("--text-field", default=None, help="With --dataset: the text field.  [default: text, or messages]"),
+    click.option("--text-field", default=None, help="With --dataset: the text field.  [default: text, else prompt + completion, else messages]"),
     click.option("--ids-field", default=None, help="With --dataset: a field of token ids, counted as they are."),
     click.option("--tokenizer", type=click.Path(path_type=Path), default=None,
                  help="With --dataset: a local tokenizer folder or tokenizer.json; without it, tokens are estimated "
