@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ftplan.calibration.extra import INSTALL_EXTRA, missing
 from ftplan.core.errors import FtplanError
 from ftplan.core.settings import Setting
 
@@ -119,7 +120,9 @@ def setting_problem(setting: Setting, device: str) -> str | None:
     """Why the real trial cannot run this setting on this device, known before launching it."""
     if setting.liger and device != "cuda":
         return "Liger needs a CUDA GPU"  # its Triton kernels; on a CPU they fail with "0 active drivers"
-    return None
+    needs = {"peft": setting.lora_rank > 0, "deepspeed": setting.zero_stage > 0, "liger_kernel": setting.liger}
+    absent = missing(*(module for module, needed in needs.items() if needed))
+    return f"{', '.join(absent)} not installed ({INSTALL_EXTRA})" if absent else None
 
 
 def run_trial(spec: TrialSpec, timeout: float, trial_command: Sequence[str] | None = None,

@@ -25,6 +25,7 @@ from rich.progress import (
 )
 
 from ftplan.calibration import launcher, measure
+from ftplan.calibration.extra import extra_problem
 from ftplan.calibration.ladder import LadderStep
 from ftplan.calibration.runner import CalibrationPlan, CalibrationProgress, calibrate, pinned_machine_id
 from ftplan.core.architecture import ALL_LINEAR_TARGETS, load_architecture
@@ -185,6 +186,8 @@ def expand_settings(models, seq_lens, zero_stages, offloads, ligers, checkpointi
 def runnable_here(settings: list[Setting], device: str) -> list[Setting]:
     """The settings the real trial can run on this device; the others are skipped with a warning, before
     an hour of trials rather than as error records after it. FtplanError when none can run."""
+    if problem := extra_problem("ftplan calibrate"):
+        raise FtplanError(problem)
     if device == "cuda" and (problem := launcher.cuda_problem()):
         raise FtplanError(problem)
     problems = {setting: launcher.setting_problem(setting, device) for setting in settings}

@@ -13,6 +13,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from ftplan.calibration.extra import extra_problem
 from ftplan.calibration.network import (
     DEFAULT_SIZES,
     NetworkSpec,
@@ -20,6 +21,7 @@ from ftplan.calibration.network import (
     parse_sizes,
     resolve_backend,
 )
+from ftplan.core.errors import FtplanError
 
 
 def _sizes(_ctx, _param, value: str | None) -> tuple[int, ...]:
@@ -53,6 +55,8 @@ def command(backend: str, ranks: int, sizes: tuple[int, ...], repeats: int, warm
 
     The record (kind "network") feeds the planner's communication model in place of catalog links.
     """
+    if problem := extra_problem("ftplan calibrate-network", ("torch",)):
+        raise FtplanError(problem)
     backend, ranks = resolve_backend(backend, ranks)
     spec = NetworkSpec(backend=backend, ranks_per_node=ranks, nodes=nodes, node_rank=node_rank,
                        master_addr=master_addr, master_port=master_port, sizes=sizes, warmup=warmup, repeats=repeats)
