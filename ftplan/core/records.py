@@ -42,6 +42,7 @@ _TRIAL_FIELD_TYPES = {
     "step_seconds": "a list of numbers",
 }
 _MAY_BE_NULL = (*_MEASURED_NUMBERS, "gpu_name", "step_seconds")
+_RAN_POSITIVE = ("seconds_per_step", "peak_allocated_bytes", "peak_reserved_bytes")  # above 0 in an ok record
 # Upper limits no real trial comes near (1 PiB of memory on one device, a million samples per batch);
 # above them a value is a typo or an attack, and taken into a fit it shows as nonsense such as -129.5 GiB.
 _LARGEST = {"micro_batch": 2**20, "seq_len": 2**24, "gpus": 2**16, "nodes": 2**12, "lora_rank": 2**16,
@@ -253,6 +254,10 @@ def _trial_problem(record: dict) -> str | None:
         negative.append("step_seconds")
     if negative:
         return f"negative {', '.join(negative)}"
+    if record["status"] == "ok":  # a trial that ran took time and held memory; zero is a broken measurement
+        zero = [key for key in _RAN_POSITIVE if record.get(key) == 0]
+        if zero:
+            return f"{', '.join(zero)} is 0 in a trial that ran"
     too_large = [f"{key} is {record[key]!r}, above {limit:g}" for key, limit in _LARGEST.items()
                  if (record.get(key) or 0) > limit]
     if too_large:
