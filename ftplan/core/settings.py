@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 from dataclasses import asdict, dataclass, fields, replace
 
 from ftplan.core.architecture import ALL_LINEAR_TARGETS
@@ -18,6 +19,7 @@ from ftplan.core.errors import FtplanError
 # and trained as is, so weights, gradients and AdamW moments are all bf16 (no master copy).
 PRECISIONS = ("bf16", "bf16-pure", "fp16", "fp32")
 ZERO_STAGES = (0, 1, 2, 3)
+INTEGER_FIELDS = ("seq_len", "zero_stage", "lora_rank", "gpus", "nodes")
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,10 @@ class Setting:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
+        for name in INTEGER_FIELDS:  # the Python API passes what a notebook typed: 2048.5 would plan as a length
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise FtplanError(f"{name} must be a whole number, got {value!r}")
         if self.seq_len <= 0:
             raise FtplanError(f"sequence length must be positive, got {self.seq_len}")
         if self.precision not in PRECISIONS:

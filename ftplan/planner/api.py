@@ -11,8 +11,10 @@ The CLI commands are thin layers over these functions; nothing here prints.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import pandas as pd
@@ -97,6 +99,13 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
     With a dataset file, its own token lengths set the sample count, the longest batch (memory) and the
     tokens per step (time); dataset_options choose the batching (dynamic padding by default).
     """
+    _check_names(model=model, gpu=gpu)
+    _check_numbers(epochs=epochs, step_time_cv=step_time_cv, price_per_hour=price_per_hour, max_hours=max_hours,
+                   safety_margin=safety_margin, context_reserve_gib=context_reserve_gib,
+                   host_memory_gib=host_memory_gib, chars_per_token=chars_per_token)
+    _check_integers(dataset_size=dataset_size, seq_len=seq_len, gpus_per_node=gpus_per_node,
+                    **({} if isinstance(gpus, str) else {"gpus": gpus}),
+                    **{f"lora_ranks[{i}]": rank for i, rank in enumerate(lora_ranks)})
     load_architecture(model)  # an unknown model fails here, with close names, before any fitting
     if dataset is None and dataset_size is None:
         raise FtplanError("give a dataset size, or a dataset to plan from its token lengths")
@@ -146,9 +155,36 @@ def predict(model: str, batch_size: int, gpu: str = "H200", *, calibrations: Seq
     """Peak memory per GPU and seconds per step of one setting and micro-batch, as `ftplan predict`;
     setting: the Setting fields (seq_len, precision, zero_stage, offload_optimizer, liger, lora_rank,
     gradient_checkpointing, gpus, nodes, ...)."""
+    _check_names(model=model, gpu=gpu)
+    _check_integers(batch_size=batch_size)
+    unknown = sorted(set(setting) - {f.name for f in fields(Setting)})
+    if unknown:
+        raise FtplanError(f"unknown setting field(s) {', '.join(unknown)}; the fields are those of "
+                          "ftplan.core.settings.Setting other than model")
     load_architecture(model)
     catalog = load_catalog(Path(gpu_specs) if gpu_specs else None)
     card = find_gpu(gpu, catalog)
     evidence = load_evidence(tuple(Path(c) for c in calibrations), catalog)
     links, _ = evidence.links(card)
     return evidence.predictor_with(links).predict(Setting(model=model, **setting), batch_size, card)
+
+
+# Notebook arguments are checked here, as click checks the CLI's: a string or 4.5 reached the arithmetic as a
+# bare TypeError, or planned a fractional batch as if it were measured.
+def _check_names(**values: object) -> None:
+    for name, value in values.items():
+        if not isinstance(value, (str, Path)):
+            raise FtplanError(f"{name} must be a string, got {value!r}")
+
+
+def _check_integers(**values: object) -> None:
+    for name, value in values.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            raise FtplanError(f"{name} must be a whole number, got {value!r}")
+
+
+def _check_numbers(**values: object) -> None:
+    for name, value in values.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
+                                  or not math.isfinite(value)):
+            raise FtplanError(f"{name} must be a finite number, got {value!r}")
