@@ -74,18 +74,20 @@ def _compare(plan: Plan, rec: SetupPlan, switch: Switch) -> str | None:
         need = twin.at_batch_one.peak_reserved.upper / GIB
         return (f"{switch.name} {state}: without that, not even batch 1 fits "
                 f"({need:.1f} GiB > {usable:.1f} GiB usable). {switch.why}.")
-    ours, theirs = rec.best, twin.best
+    # the ETA's step time, as the table prints it: with a dataset it is timed at the mean padded length,
+    # while the prediction (`best`) sits at the longest batch's length, which sets memory
+    ours, theirs = rec.eta.seconds_per_step, twin.eta.seconds_per_step
     if twin.eta.total_seconds <= rec.eta.total_seconds * (1 + NEAR_TIE):
         verdict = f"within {NEAR_TIE:.0%}, it makes no real difference on this run"
-    elif rec.batch > twin.batch and ours.seconds_per_step.mean >= theirs.seconds_per_step.mean:
+    elif rec.batch > twin.batch and ours >= theirs:
         verdict = "the larger batch outweighs the slower step"
-    elif rec.batch <= twin.batch and ours.seconds_per_step.mean < theirs.seconds_per_step.mean:
+    elif rec.batch <= twin.batch and ours < theirs:
         verdict = "the faster step outweighs the other's batch"
     else:
         verdict = "fewer steps and time per sample decide it"
-    return (f"{switch.name} {state}: batch {rec.batch} at {ours.seconds_per_step.mean:.2f} s/step, "
+    return (f"{switch.name} {state}: batch {rec.batch} at {ours:.2f} s/step, "
             f"{format_duration(rec.eta.total_seconds)} in total, against batch {twin.batch} at "
-            f"{theirs.seconds_per_step.mean:.2f} s/step, {format_duration(twin.eta.total_seconds)} "
+            f"{theirs:.2f} s/step, {format_duration(twin.eta.total_seconds)} "
             f"with {switch.name} {other_state}; {verdict}. {switch.why}.")
 
 
