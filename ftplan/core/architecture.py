@@ -122,6 +122,9 @@ class Architecture:
 
     def lora_params(self, rank: int, targets: tuple[str, ...] = ALL_LINEAR_TARGETS) -> int:
         """Trainable parameters of LoRA adapters (A: in×r, B: r×out) on the named modules of every layer."""
+        if rank > self.hidden:  # the adapter would outgrow the weight it adapts: a typo, not a setting
+            raise FtplanError(f"LoRA rank {rank} is above {self.id}'s hidden size {self.hidden}; "
+                              f"use a rank up to {self.hidden}")
         shapes = self.linear_shapes()
         unknown = set(targets) - set(shapes)
         if unknown:

@@ -48,11 +48,20 @@ def steps_to_finish(dataset_size: int, epochs: float, micro_batch: int, world_si
     for name, value in (("batch size", micro_batch), ("GPU count", world_size), ("gradient accumulation", accumulation)):
         if value <= 0:
             raise FtplanError(f"{name} must be positive, got {value}")
+    share = largest_micro_batch(dataset_size, world_size)
+    if micro_batch > share:  # the sampler hands each GPU at most `share` samples an epoch: no step is full
+        raise FtplanError(f"batch {micro_batch:,} per GPU × {world_size} GPU(s) is more than the dataset's "
+                          f"{dataset_size:,} samples, so no step is ever full; use a batch up to {share:,}")
     steps = dataset_size * epochs / (micro_batch * accumulation * world_size)
     if not steps <= MAX_STEPS:  # also catches inf and nan from absurd inputs
         raise FtplanError(f"{dataset_size:,} samples × {epochs:g} epochs is more than {MAX_STEPS:.0e} optimizer steps; "
                           "check --dataset-size and --epochs")
     return math.ceil(steps)
+
+
+def largest_micro_batch(dataset_size: int, world_size: int) -> int:
+    """Samples each GPU gets an epoch (a distributed sampler pads the last round): the largest full micro-batch."""
+    return -(-dataset_size // world_size)
 
 
 def estimate_eta(seconds_per_step: float, dataset_size: int, epochs: float, micro_batch: int,

@@ -18,7 +18,7 @@ from ftplan.core.hardware import GpuSpec
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.safe_batch import MemoryBudget
-from ftplan.planner.eta import estimate_eta
+from ftplan.planner.eta import estimate_eta, largest_micro_batch
 from ftplan.planner.search import PlanRequest, Predictor, safe_prediction
 
 MEMORY_PNG = "memory_vs_batch.png"
@@ -184,7 +184,8 @@ def plot_completion(curves: list[Curves], dataset_size: int, epochs: float, path
     for axis, ((model, seq_len, gpu), group) in zip(axes, panels.items()):
         best = None
         for c in group:
-            safe = [b for b in c.batches if b <= c.safe_batch]
+            largest = min(c.safe_batch, largest_micro_batch(dataset_size, c.setting.world_size))
+            safe = [b for b in c.batches if b <= largest]
             hours = [estimate_eta(c.seconds[b - 1][0], dataset_size, epochs, b, c.setting.world_size).hours for b in safe]
             line, = axis.plot(safe, hours, marker=".", label=c.label.replace(f" s{seq_len}", ""))
             axis.scatter([safe[-1]], [hours[-1]], color=line.get_color(), s=60, zorder=3)

@@ -26,7 +26,7 @@ from ftplan.models.prediction import (
     Prediction,
 )
 from ftplan.models.safe_batch import MemoryBudget, is_safe, largest_safe_batch
-from ftplan.planner.eta import Eta, estimate_eta
+from ftplan.planner.eta import Eta, estimate_eta, largest_micro_batch
 
 TRAINING_KINDS = ("any", "full", "lora")
 RANK_BY = ("time", "cost")
@@ -209,7 +209,7 @@ def plan_setup(predictor: Predictor, setting: Setting, request: PlanRequest) -> 
         return predictor.predict(setting, batch, request.gpu)
 
     # A per-GPU batch beyond the samples each GPU sees in one epoch only pads the last step.
-    max_batch = min(MAX_SEARCH_BATCH, -(-request.dataset_size // setting.world_size))
+    max_batch = min(MAX_SEARCH_BATCH, largest_micro_batch(request.dataset_size, setting.world_size))
     at_one = predict(1)
     host = host_bytes_per_node(cached_architecture(setting.model), setting)
     usable_host = request.usable_host_bytes
