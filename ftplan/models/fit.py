@@ -78,9 +78,23 @@ class Overhead:
     It jumps by GiBs between neighbouring batches without a trend three points could extrapolate, so
     the bound takes the larger neighbour inside the measured range and the largest seen beyond it.
     A point whose reserved memory the card capped still counts: what the run wanted was at least that.
+
+    step_blocks is set when every point sat in the optimizer step's phase: the step's transients (its peak
+    above the activation phase's intercept) leave freed blocks in the cache that the larger, differently
+    sized activations of big batches cannot reuse. Once the allocated peak outgrows every measured one
+    they sit on top of it: on the H200, Llama-3.2-3B with checkpointing and Liger (a 20 GiB step above
+    the activation line) had 20.7-26.9 GiB of overhead at batches 32-80 against 0.4-1.5 GiB at 1-8, and an
+    OOM at 81 with 25 GiB reserved but free; Llama-3.2-1B likewise (7 GiB; 6.7-12.5 GiB at 128-240).
     """
 
     points: tuple[tuple[float, float], ...]  # (batch·seq, overhead), sorted by tokens
+    step_blocks: float = 0.0
+    measured_top: float = 0.0  # the largest allocated peak measured
+
+    def unseen_phase(self, allocated: float) -> float:
+        """The optimizer step's stranded blocks, counted once the allocated peak outgrows every measured one
+        (by more than the fit's floor, so a flat phase's rounding does not count)."""
+        return self.step_blocks if allocated > self.measured_top * (1 + ALLOCATED_FLOOR) else 0.0
 
     @classmethod
     def fit(cls, records: list[dict]) -> Overhead:
@@ -104,11 +118,13 @@ class Overhead:
         return Estimate(mean, max(gaps[max(0, above - 1)], gaps[above]))
 
     def to_json(self) -> dict:
-        return {"points": [list(p) for p in self.points]}
+        return {"points": [list(p) for p in self.points], "step_blocks": self.step_blocks,
+                "measured_top": self.measured_top}
 
     @classmethod
     def from_json(cls, data: dict) -> Overhead:
-        return cls(tuple((float(x), float(gap)) for x, gap in data["points"]))
+        return cls(tuple((float(x), float(gap)) for x, gap in data["points"]), float(data["step_blocks"]),
+                   float(data["measured_top"]))
 
 
 @dataclass(frozen=True)
@@ -150,8 +166,8 @@ class SettingFit:
         return self.allocated.predict(batch, seq_len)
 
     def peak_reserved(self, batch: int, seq_len: int) -> Estimate:
-        """Allocated plus the allocator's overhead: as measured around this batch or, once the logits
-        dominate beyond the measured batches, the blocks they strand."""
+        """Allocated plus the allocator's overhead: as measured around this batch or, beyond the measured
+        batches, the blocks that the logits or an unseen phase's optimizer step strand."""
         allocated = self.allocated.predict(batch, seq_len)
         tokens = batch * seq_len
         overhead = self.overhead.at(tokens)
@@ -159,8 +175,9 @@ class SettingFit:
         if self.overhead.points and tokens > self.overhead.points[-1][0]:
             logits = tokens * self.logit_bytes_per_token
             stranded = Estimate(self.stranded_logit_share * logits, LOGIT_BLOCKS_HIGHEST * logits)
-        return Estimate(mean=allocated.mean + max(overhead.mean, stranded.mean),
-                        upper=allocated.upper + max(overhead.upper, stranded.upper))
+        return Estimate(mean=allocated.mean + max(overhead.mean, stranded.mean, self.overhead.unseen_phase(allocated.mean)),
+                        upper=allocated.upper + max(overhead.upper, stranded.upper,
+                                                    self.overhead.unseen_phase(allocated.upper)))
 
     @property
     def stranded_logit_share(self) -> float:
@@ -263,8 +280,10 @@ def fit_setting(records: list[dict], compute_rate: ComputeRate | None = None) ->
     healthy, walls = healthy_points(records)
     if len({(r["seq_len"], r["micro_batch"]) for r in healthy}) < 2:
         raise FtplanError(f"{label}: fewer than two healthy batch sizes measured, nothing to fit")
-    allocated = with_activation_phase(fit_convex_curve(*_columns(healthy, "peak_allocated_bytes"), ALLOCATED_FLOOR),
-                                      healthy, first)
+    allocated, step_blocks = with_activation_phase(
+        fit_convex_curve(*_columns(healthy, "peak_allocated_bytes"), ALLOCATED_FLOOR), healthy, first)
+    overhead = replace(Overhead.fit(healthy), step_blocks=step_blocks,
+                       measured_top=max(float(r["peak_allocated_bytes"]) for r in healthy))
     timed = [r for r in healthy if r.get("seconds_per_step")]
     if len({r["micro_batch"] for r in timed}) < 2:
         raise FtplanError(f"{label}: fewer than two timed batch sizes measured, nothing to fit")
@@ -274,38 +293,44 @@ def fit_setting(records: list[dict], compute_rate: ComputeRate | None = None) ->
         time = with_line_below_points(time, slopes, *_columns(timed, "seconds_per_step"))
     capacity = max((r.get("gpu_memory_total_bytes") or 0 for r in records), default=0) or None
     return SettingFit(setting=setting_without_seq_len(first), gpu_name=str(first.get("gpu_name")), capacity_bytes=capacity,
-                      allocated=allocated, overhead=Overhead.fit(healthy), time=time, walls=walls,
+                      allocated=allocated, overhead=overhead, time=time, walls=walls,
                       records=tuple(records), compute_rate=compute_rate if slopes else None,
                       logit_bytes_per_token=_logit_bytes_per_token(first))
 
 
-def with_activation_phase(curve: Curve, healthy: list[dict], record: dict) -> Curve:
-    """The curve with the activation phase the architecture implies, where its points cannot show it.
+def with_activation_phase(curve: Curve, healthy: list[dict], record: dict) -> tuple[Curve, float]:
+    """The curve with the activation phase the architecture implies, where its points cannot show it, and
+    the optimizer step's height above that phase's intercept (0 when the points show the phase).
 
     Peak memory is the largest of the phase peaks. When every calibrated batch sits in the optimizer
     step's phase (full fine-tuning with checkpointing and Liger: flat from batch 1 to 4), the fitted
     slope is about 0 and says nothing of the activations that dominate from batch ~16. Then the mean
     follows the prior's activation phase, moved by the prior's miss at the smallest measured batch (the
     prior knows where the phases cross; the points fix its level), and the bound follows the prior's
-    per-sample bytes at their highest measured ratio. Both lines are lowered until they touch the points
-    from below: the activation phase cannot lie above what was measured.
+    per-sample bytes at their highest measured ratio. Both stay at or below the points: the activation
+    phase cannot lie above what was measured. When no point lies on the activation line, the step's height
+    above it is returned for the reserved memory (Overhead.step_blocks).
     """
     known = _known(record)
     if known is None:
-        return curve
+        return curve, 0.0
     arch, setting = known
     seq_ref = curve.seq_ref or record["seq_len"]
     per_token = memory_terms(arch, setting).per_sample / setting.seq_len
     slopes = (per_token * seq_ref,) if curve.seq_ref is None else (per_token * seq_ref, 0.0)
     if top_slope(curve) >= ACTIVATION_SLOPE_LOW * slopes[0]:
-        return curve
+        return curve, 0.0
     columns = _columns(healthy, "peak_allocated_bytes")
     smallest = min(healthy, key=lambda r: (r["micro_batch"] * r["seq_len"], r["micro_batch"]))
     terms = memory_terms(arch, setting.with_(seq_len=smallest["seq_len"]))
     miss = float(smallest["peak_allocated_bytes"]) - terms.peak(smallest["micro_batch"])
-    curve = with_line_below_points(curve, slopes, *columns, ceiling=terms.backward_start_static + miss)
+    ceiling = terms.backward_start_static + miss
+    touching = line_below_points(curve, slopes, *columns)
+    curve = with_line_below_points(curve, slopes, *columns, ceiling=ceiling)
     steepest = line_below_points(curve, tuple(ACTIVATION_SLOPE_HIGH * s for s in slopes), *columns)
-    return replace(curve, bound_lines=(steepest,))
+    # no point on the activation line: every one sat in the step's phase, whose height the cache keeps
+    step_blocks = max(0.0, max(columns[2]) - ceiling) if ceiling < touching.intercept else 0.0
+    return replace(curve, bound_lines=(steepest,)), step_blocks
 
 
 def _known(record: dict) -> tuple[Architecture, Setting] | None:
