@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from ftplan.core.hardware import find_gpu, load_catalog
 from ftplan.core.settings import Setting
 from ftplan.models.predictor import Predictor
-from ftplan.planner.eta import estimate_eta
+from ftplan.planner.eta import estimate_eta, largest_micro_batch
 from ftplan.planner.search import MemoryBudget, PlanRequest, make_plan
 from tests.helpers import GIB, synthetic_records
 
@@ -115,6 +115,7 @@ def _inside(prediction, budget: MemoryBudget) -> bool:
 @given(seconds=st.floats(1e-3, 1e3), dataset=st.integers(1, 10**9), more=st.integers(0, 10**9),
        epochs=st.floats(0.01, 100), more_epochs=st.floats(0, 100), batch=st.integers(1, 4096), gpus=st.integers(1, 1024))
 def test_eta_never_falls_as_the_dataset_or_the_epochs_grow(seconds, dataset, more, epochs, more_epochs, batch, gpus):
+    batch = min(batch, largest_micro_batch(dataset, gpus))  # a larger batch never fills a step and is refused
     base = estimate_eta(seconds, dataset, epochs, batch, gpus, price_per_gpu_hour=2.0)
     for bigger in (estimate_eta(seconds, dataset + more, epochs, batch, gpus, 2.0),
                    estimate_eta(seconds, dataset, epochs + more_epochs, batch, gpus, 2.0)):

@@ -13,7 +13,7 @@ from ftplan.core.errors import FtplanError
     ({"dataset_size": "abc"}, "dataset_size must be a whole number, got 'abc'"),
     ({"dataset_size": 10.5}, "dataset_size must be a whole number"),
     ({"dataset_size": 100, "seq_len": 100.5}, "seq_len must be a whole number"),
-    ({"dataset_size": 100, "epochs": "x"}, "epochs must be a finite number"),
+    ({"dataset_size": 100, "epochs": "x"}, "epochs must be a number"),
     ({"dataset_size": 100, "gpus": 2.5}, "gpus must be a whole number"),
     ({"dataset_size": 100, "lora_ranks": [8.0]}, r"lora_ranks\[0\] must be a whole number"),
     ({"dataset_size": 100, "gpu": 200}, "gpu must be a string"),
@@ -37,3 +37,8 @@ def test_predict_refuses_a_fractional_batch_and_mistyped_settings(batch, setting
 def test_numpy_integers_are_whole_numbers():
     np = pytest.importorskip("numpy")
     assert ftplan.predict("llama-3-8b", np.int64(4), "H200", seq_len=np.int64(512)).micro_batch == 4
+
+
+def test_nan_epochs_are_not_positive():
+    with pytest.raises(FtplanError, match="epochs must be positive, got nan"):
+        ftplan.plan(model="llama-3-8b", dataset_size=100, gpu="H200", epochs=float("nan"))

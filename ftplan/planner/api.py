@@ -11,7 +11,6 @@ The CLI commands are thin layers over these functions; nothing here prints.
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
@@ -184,7 +183,7 @@ def _check_integers(**values: object) -> None:
 
 
 def _check_numbers(**values: object) -> None:
+    """Types only: each value's range (positive, finite) is checked where it is used, as for the CLI."""
     for name, value in values.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
-                                  or not math.isfinite(value)):
-            raise FtplanError(f"{name} must be a finite number, got {value!r}")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            raise FtplanError(f"{name} must be a number, got {value!r}")

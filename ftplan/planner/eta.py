@@ -34,7 +34,7 @@ MAX_SAMPLES = 1e12  # more samples than any fine-tuning set (a trillion); larger
 def check_samples(dataset_size: int, epochs: float) -> None:
     """Refuse a dataset size or epoch count nobody can mean, with the limit, before any arithmetic overflows."""
     for name, value in (("dataset size", dataset_size), ("epochs", epochs)):
-        if value <= 0:
+        if not value > 0:  # NaN too
             raise FtplanError(f"{name} must be positive, got {value}")
     if dataset_size > MAX_SAMPLES:
         shown = f"{dataset_size:,}" if len(str(int(dataset_size))) <= 20 else f"of {len(str(int(dataset_size)))} digits"
