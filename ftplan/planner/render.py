@@ -236,8 +236,9 @@ def training_table(plan: Plan, failed: dict[Setting, str]) -> Table:
 def print_plan(plan: Plan, console: Console, failed: dict[Setting, str], show_all: bool = False) -> None:
     budget = plan.request.budget
     print_table(console, plan_table(plan, failed, show_all))
-    console.print(f"Memory: {budget.describe()}; a batch is safe when the upper bound of predicted peak "
-                  "reserved memory stays within it and below any batch seen at the allocator wall or OOM. "
+    console.print(f"Memory: {budget.describe()}; a batch is safe when it stays below any batch seen at the "
+                  "allocator wall or OOM and either the upper bound of its predicted peak reserved memory or the "
+                  "measured peak of a batch at least as large stays within it. "
                   "Evidence: measured (that batch ran), interpolated, extrapolated ×k (k times the largest "
                   "calibrated batch, or from another length, card or GPU count) or the prior alone.")
     if plan.request.price_per_gpu_hour is not None:
