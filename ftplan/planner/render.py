@@ -346,7 +346,7 @@ def eta_lines(prediction: Prediction, eta: Eta, budget: MemoryBudget) -> list[st
 def gpu_table(catalog: dict[str, GpuSpec]) -> Table:
     """The catalog with the other names each card answers to (its sources: gpu_sources)."""
     table = Table(title="GPUs (--gpu takes a name or an alias, in any case)", **COMPACT)
-    for name in ("name", "aliases", "memory\nGiB", "PyTorch\nGiB", "bf16\nTFLOP/s", "memory\nGB/s", "GPU-GPU\nGB/s",
+    for name in ("name", "aliases", "datasheet\nGB", "PyTorch\nGiB", "bf16\nTFLOP/s", "memory\nGB/s", "GPU-GPU\nGB/s",
                  "interconnect"):
         wraps = name in ("aliases", "interconnect")
         table.add_column(name, no_wrap=not wraps, justify="left" if wraps or name == "name" else "right")
