@@ -7,7 +7,12 @@ import json
 
 import pytest
 
-from tests.test_reliability_round2_hostile_records import GOOD, OTHER, changed, read_with_warnings
+from tests.test_reliability_round2_hostile_records import (
+    GOOD,
+    assert_line_two_is_skipped,
+    changed,
+    read_with_warnings,
+)
 
 IMPOSSIBLE = {
     "zero step time": (changed(seconds_per_step=0), "seconds_per_step is 0 in a trial that ran"),
@@ -21,12 +26,7 @@ IMPOSSIBLE = {
 
 @pytest.mark.parametrize("name", IMPOSSIBLE)
 def test_an_impossible_record_is_skipped_with_its_line(tmp_path, name):
-    bad, words = IMPOSSIBLE[name]
-    path = tmp_path / "c.jsonl"
-    path.write_text("\n".join([GOOD, bad, OTHER]) + "\n")
-    records, messages = read_with_warnings(path)
-    assert len(records) == 2
-    assert len(messages) == 1 and messages[0].startswith(f"{path}:2: ") and words in messages[0], messages
+    assert_line_two_is_skipped(tmp_path, *IMPOSSIBLE[name])
 
 
 def test_an_oom_record_that_measured_nothing_is_kept(tmp_path):

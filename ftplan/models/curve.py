@@ -115,12 +115,12 @@ def fit_convex_curve(batch, seq_len, y, floor_fraction: float) -> Curve:
     return _finish(lines, seq_ref, x, y, floor_fraction)
 
 
-def line_below_points(curve: Curve, slopes: tuple[float, ...], batch, seq_len, y, ceiling: float = np.inf) -> Line:
-    """The line of these slopes raised until it touches the points from below, its intercept at most `ceiling`."""
+def line_below_points(curve: Curve, slopes: tuple[float, ...], batch, seq_len, y) -> Line:
+    """The line of these slopes raised until it touches the points from below."""
     batch, seq_len, y = (np.asarray(v, float) for v in (batch, seq_len, y))
     x = curve.features(batch, seq_len)
     slopes = tuple(max(0.0, float(s)) for s in slopes)
-    return Line(min(float(ceiling), float(np.min(y - x @ np.asarray(slopes)))), slopes)
+    return Line(float(np.min(y - x @ np.asarray(slopes))), slopes)
 
 
 def top_slope(curve: Curve) -> float:
@@ -128,16 +128,19 @@ def top_slope(curve: Curve) -> float:
     return max(line.slopes[0] for line in curve.lines)
 
 
-def with_line_below_points(curve: Curve, slopes: tuple[float, ...], batch, seq_len, y,
-                           ceiling: float = np.inf) -> Curve:
-    """The curve plus a line of given slopes, raised until it touches the points from below (at most to `ceiling`).
+def with_line_below_points(curve: Curve, slopes: tuple[float, ...], batch, seq_len, y) -> Curve:
+    """The curve plus a line of given slopes, raised until it touches the points from below.
 
     Why: the slope that large batches will follow can be known from elsewhere (the compute rate
     learnt from other settings) while this setting's own points sit on a launch-bound floor. A line
     that stays at or below every point cannot worsen the fit where it was measured; beyond it, the
     maximum keeps whichever slope is steeper, since the curve is convex.
     """
-    line = line_below_points(curve, slopes, batch, seq_len, y, ceiling)
+    return with_line(curve, line_below_points(curve, slopes, batch, seq_len, y), batch, seq_len, y)
+
+
+def with_line(curve: Curve, line: Line, batch, seq_len, y) -> Curve:
+    """The curve plus a line that lies at or below every point (so the fit where it was measured holds)."""
     x = curve.features(np.asarray(batch, float), np.asarray(seq_len, float))
     finished = _finish(tuple(dict.fromkeys((*curve.lines, line))), curve.seq_ref, x, np.asarray(y, float),
                        curve.floor_fraction)

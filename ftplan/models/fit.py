@@ -22,9 +22,11 @@ from ftplan.core.settings import Setting
 from ftplan.models.bytes_per_param import FP32_BYTES
 from ftplan.models.curve import (
     Curve,
+    Line,
     fit_convex_curve,
     line_below_points,
     top_slope,
+    with_line,
     with_line_below_points,
 )
 from ftplan.models.prediction import Estimate
@@ -324,12 +326,12 @@ def with_activation_phase(curve: Curve, healthy: list[dict], record: dict) -> tu
     smallest = min(healthy, key=lambda r: (r["micro_batch"] * r["seq_len"], r["micro_batch"]))
     terms = memory_terms(arch, setting.with_(seq_len=smallest["seq_len"]))
     miss = float(smallest["peak_allocated_bytes"]) - terms.peak(smallest["micro_batch"])
-    ceiling = terms.backward_start_static + miss
+    prior_intercept = terms.backward_start_static + miss
     touching = line_below_points(curve, slopes, *columns)
-    curve = with_line_below_points(curve, slopes, *columns, ceiling=ceiling)
+    curve = with_line(curve, Line(min(prior_intercept, touching.intercept), touching.slopes), *columns)
     steepest = line_below_points(curve, tuple(ACTIVATION_SLOPE_HIGH * s for s in slopes), *columns)
     # no point on the activation line: every one sat in the step's phase, whose height the cache keeps
-    step_blocks = max(0.0, max(columns[2]) - ceiling) if ceiling < touching.intercept else 0.0
+    step_blocks = max(0.0, max(columns[2]) - prior_intercept) if prior_intercept < touching.intercept else 0.0
     return replace(curve, bound_lines=(steepest,)), step_blocks
 
 
