@@ -18,7 +18,7 @@ from transformers import Trainer, TrainerCallback
 from ftplan.calibration import callback as callback_module
 from ftplan.calibration import measure
 from ftplan.calibration.callback import FtplanCallback
-from ftplan.core.records import read_records
+from ftplan.store.records import read_records
 from tests.test_callback import one_torch_thread, tiny_model, train  # noqa: F401 - one_torch_thread is a fixture
 
 REPO = Path(__file__).resolve().parent.parent

@@ -8,7 +8,7 @@ import subprocess
 import warnings
 from pathlib import Path
 
-from ftplan.core.records import RecordWarning, build_record, read_records
+from ftplan.store.records import RecordWarning, build_record, read_records
 from ftplan.core.settings import Setting
 from tests.helpers import start_fake_calibration
 

@@ -9,7 +9,7 @@ import warnings
 
 from ftplan.calibration.launcher import setting_problem
 from ftplan.core.settings import Setting
-from ftplan.planner.commands.calibrate import runnable_here
+from ftplan.cli.commands.calibrate import runnable_here
 from tests.helpers import run_ftplan
 
 PLAIN = Setting(model="tiny-llama", seq_len=64)
@@ -45,6 +45,6 @@ def test_liger_settings_on_cpu_are_skipped_with_a_warning_and_the_rest_run():
 
 
 def test_the_planner_does_not_import_torch():
-    probe = ("import sys; import ftplan.planner.cli, ftplan.planner.commands.calibrate; "
+    probe = ("import sys; import ftplan.cli.main, ftplan.cli.commands.calibrate; "
              "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", probe]).returncode == 0

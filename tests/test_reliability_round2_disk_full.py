@@ -10,7 +10,7 @@ import pytest
 
 from ftplan.calibration import launcher
 from ftplan.core.errors import FtplanError
-from ftplan.core.records import append_record, build_record, read_records
+from ftplan.store.records import append_record, build_record, read_records
 from ftplan.core.settings import Setting
 from tests.helpers import run_ftplan
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-FTPLAN = (sys.executable, "-c", "from ftplan.planner.cli import main; main()")
+FTPLAN = (sys.executable, "-c", "from ftplan.cli.main import main; main()")
 LOCALES = {
     "C locale": {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0"},
     "latin-1": {"PYTHONIOENCODING": "latin-1"},

@@ -11,7 +11,7 @@ import pytest
 
 from ftplan.core.errors import FtplanError
 from ftplan.core.paths import calibrations_dir
-from ftplan.core.records import MAX_LINE_BYTES, WARNINGS_PER_FILE, RecordWarning, read_records
+from ftplan.store.records import MAX_LINE_BYTES, WARNINGS_PER_FILE, RecordWarning, read_records
 from tests.helpers import run_ftplan
 
 GOOD, OTHER = (calibrations_dir() / "h200.jsonl").read_text().splitlines()[:2]

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ftplan.calibration import launcher, measure
-from ftplan.core.records import read_records
+from ftplan.store.records import read_records
 from tests.helpers import run_ftplan
 
 FAKE_TRIAL = (sys.executable, str(Path(__file__).parent / "fixtures" / "fake_trial.py"))

@@ -7,8 +7,8 @@ import pytest
 
 from ftplan.core.architecture import load_architecture
 from ftplan.core.errors import FtplanError
-from ftplan.planner.cli import main
-from ftplan.planner.eta import estimate_eta
+from ftplan.cli.main import main
+from ftplan.models.eta import estimate_eta
 
 ETA = ["eta", "--model", "llama-3-8b", "--gpu", "H200"]
 

@@ -6,7 +6,7 @@ import pytest
 
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import load_catalog
-from ftplan.planner.cli import main
+from ftplan.cli.main import main
 
 
 def test_binary_gpu_specs_are_one_line(tmp_path, capsys):

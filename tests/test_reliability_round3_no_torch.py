@@ -9,7 +9,7 @@ import pytest
 
 from ftplan.calibration import launcher
 from ftplan.core.settings import Setting
-from ftplan.planner.cli import main
+from ftplan.cli.main import main
 
 
 @pytest.fixture

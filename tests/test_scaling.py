@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from ftplan.core.errors import FtplanError
 from ftplan.models.communication import Links, links_from_catalog
-from ftplan.planner.scaling import (
+from ftplan.models.scaling import (
     choose_gpu_count,
     node_layout,
     parse_gpu_counts,

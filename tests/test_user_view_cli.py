@@ -10,7 +10,7 @@ import pytest
 
 from ftplan.core.architecture import load_architecture
 from ftplan.core.paths import calibrations_dir
-from ftplan.core.records import build_record
+from ftplan.store.records import build_record
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from tests.helpers import run_ftplan, synthetic_records

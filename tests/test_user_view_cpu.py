@@ -13,7 +13,7 @@ import pytest
 from ftplan.calibration import launcher
 from ftplan.calibration.trial import MAX_WARMUP_STEPS, warmup_done
 from ftplan.core.hardware import CPU, find_gpu, host_memory_bytes, load_catalog
-from ftplan.core.records import read_records
+from ftplan.store.records import read_records
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from tests.helpers import run_ftplan, synthetic_records

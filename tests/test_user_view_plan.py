@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from ftplan.planner.render import print_table
+from ftplan.cli.render import print_table
 from tests.helpers import run_ftplan
 
 PLAN_8B = ["plan", "--model", "llama-3-8b", "--dataset-size", 19692, "--gpu", "A100-80GB", "--gpus", 8]

@@ -9,7 +9,7 @@ import pandas as pd
 from ftplan.core.hardware import find_gpu
 from ftplan.core.settings import Setting
 from ftplan.models.safe_batch import MemoryBudget
-from ftplan.planner.plots import Curves, above_ideal_notes, completion_panels
+from ftplan.cli.plots import Curves, above_ideal_notes, completion_panels
 
 H200 = find_gpu("H200")
 

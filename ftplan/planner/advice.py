@@ -16,7 +16,7 @@ from ftplan.models.prediction import (
     SOURCE_EXTRAPOLATED,
     SOURCE_PRIOR,
 )
-from ftplan.planner.eta import format_duration
+from ftplan.models.eta import format_duration
 from ftplan.planner.search import NEAR_TIE, Plan, PlanRequest, SetupPlan
 
 

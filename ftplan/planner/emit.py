@@ -26,7 +26,7 @@ from ftplan.planner.emit_batching import (
     sampler_args,
     training_args_py,
 )
-from ftplan.planner.eta import format_duration
+from ftplan.models.eta import format_duration
 from ftplan.planner.search import PlanRequest, SetupPlan
 
 DS_CONFIG = "ds_config.json"

@@ -17,7 +17,7 @@ import click
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import GpuSpec, find_gpu, load_catalog
 from ftplan.core.paths import calibrations_dir
-from ftplan.core.records import RecordWarning, read_records
+from ftplan.store.records import RecordWarning, read_records
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.communication import (
@@ -116,7 +116,7 @@ class Evidence:
     @cached_property
     def predictor(self):
         """The fitted predictor (from the content-keyed cache), with each GPU's catalog links."""
-        from ftplan.planner.fit_cache import cached_predictor  # imported late: `ftplan gpus` and `--help` fit nothing
+        from ftplan.store.fit_cache import cached_predictor  # imported late: `ftplan gpus` and `--help` fit nothing
         return cached_predictor(self.records, self.catalog)
 
     @property

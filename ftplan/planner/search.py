@@ -26,7 +26,7 @@ from ftplan.models.prediction import (
     Prediction,
 )
 from ftplan.models.safe_batch import MemoryBudget, is_safe, largest_safe_batch
-from ftplan.planner.eta import Eta, estimate_eta, largest_micro_batch
+from ftplan.models.eta import Eta, estimate_eta, largest_micro_batch
 
 TRAINING_KINDS = ("any", "full", "lora")
 RANK_BY = ("time", "cost")

@@ -38,8 +38,8 @@ def command(model: str | None, out: Path, dataset_size: int, epochs: float, gpu_
     """Peak memory and seconds per step vs batch per calibrated setting (measured, fitted, upper bound, the card's
     limit), hours to completion vs batch per setup with a line at the best, and per calibrated model and card the
     speed-up and scaling efficiency of full and LoRA fine-tuning against GPU count: the charts behind `ftplan plan`."""
-    from ftplan.planner import plots
-    from ftplan.planner.scaling import parse_gpu_counts
+    from ftplan.cli import plots
+    from ftplan.models.scaling import parse_gpu_counts
 
     counts = parse_gpu_counts(gpus)
     evidence = load_evidence(calibrations, load_catalog(gpu_specs))

@@ -18,7 +18,7 @@ from ftplan.models.communication import describe_layout
 from ftplan.models.prediction import SOURCE_MEASURED, Estimate, Prediction
 from ftplan.models.safe_batch import MemoryBudget
 from ftplan.planner import advice
-from ftplan.planner.eta import Eta, format_duration
+from ftplan.models.eta import Eta, format_duration
 from ftplan.planner.gpu_counts import KINDS, UNCHECKED, ScalingPlan
 from ftplan.planner.search import Plan, SetupPlan, fits_budget
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import click
 
 from ftplan.core.hardware import load_catalog
-from ftplan.planner.render import gpu_sources, gpu_table, make_console, print_table
+from ftplan.cli.render import gpu_sources, gpu_table, make_console, print_table
 
 
 @click.command("gpus")

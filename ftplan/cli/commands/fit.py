@@ -9,12 +9,12 @@ import click
 from rich.table import Table
 
 from ftplan.core.errors import FtplanError
-from ftplan.core.records import read_records
+from ftplan.store.records import read_records
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.fitset import FitSet, fit_records
 from ftplan.planner.inputs import default_calibrations
-from ftplan.planner.render import COMPACT, make_console, print_table
+from ftplan.cli.render import COMPACT, make_console, print_table
 
 
 @click.command("fit")

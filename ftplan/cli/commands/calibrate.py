@@ -32,8 +32,8 @@ from ftplan.core.architecture import ALL_LINEAR_TARGETS, load_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.settings import PRECISIONS, Setting
 from ftplan.core.units import GIB
-from ftplan.planner.commands.dataset_options import check_dataset_options, dataset_options
-from ftplan.planner.commands.options import positive_int_list
+from ftplan.cli.commands.dataset_options import check_dataset_options, dataset_options
+from ftplan.cli.commands.options import positive_int_list
 from ftplan.planner.dataset import CHARS_PER_TOKEN, load_lengths
 from ftplan.planner.dataset_plan import calibration_length
 

@@ -12,9 +12,9 @@ from ftplan.core.hardware import find_gpu, load_catalog
 from ftplan.core.units import GIB
 from ftplan.models.communication import describe_layout
 from ftplan.models.host_memory import host_bytes_per_node, usable_host_bytes
-from ftplan.planner.commands.options import setting_from_options, setting_options, step_time_cv_option
-from ftplan.planner.commands.plan import host_memory_option
-from ftplan.planner.eta import estimate_eta
+from ftplan.cli.commands.options import setting_from_options, setting_options, step_time_cv_option
+from ftplan.cli.commands.plan import host_memory_option
+from ftplan.models.eta import estimate_eta
 from ftplan.planner.inputs import (
     FINITE_FLOAT,
     budget_options,
@@ -23,8 +23,8 @@ from ftplan.planner.inputs import (
     link_options,
     load_evidence,
 )
-from ftplan.planner.render import eta_lines, eta_to_dict, host_line, prediction_to_dict
-from ftplan.planner.scaling import with_step_time_cv
+from ftplan.cli.render import eta_lines, eta_to_dict, host_line, prediction_to_dict
+from ftplan.models.scaling import with_step_time_cv
 from ftplan.planner.search import fits_budget
 
 

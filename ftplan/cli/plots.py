@@ -18,7 +18,7 @@ from ftplan.core.hardware import GpuSpec
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.safe_batch import MemoryBudget
-from ftplan.planner.eta import estimate_eta, largest_micro_batch
+from ftplan.models.eta import estimate_eta, largest_micro_batch
 from ftplan.planner.search import PlanRequest, Predictor, safe_prediction
 
 MEMORY_PNG = "memory_vs_batch.png"

@@ -9,7 +9,7 @@ import click
 from ftplan.core.architecture import ALL_LINEAR_TARGETS
 from ftplan.core.errors import FtplanError
 from ftplan.core.settings import PRECISIONS, ZERO_STAGES, Setting
-from ftplan.planner.scaling import fixed_layout, node_layout
+from ftplan.models.scaling import fixed_layout, node_layout
 
 DEFAULT_GPUS_PER_NODE = 8  # a full cloud or DGX node; `--gpus-per-node 1` for single-GPU instances
 

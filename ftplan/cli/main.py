@@ -16,7 +16,7 @@ import warnings
 import click
 
 from ftplan.core.errors import FtplanError
-from ftplan.core.records import printable
+from ftplan.store.records import printable
 
 EXIT_USER_ERROR = 2
 # One plain character for each non-ASCII one the tables and messages use (one for one, so rich's
@@ -25,15 +25,15 @@ ASCII_FALLBACKS = str.maketrans("\u2026\u00d7\u00b2\u2264\u2265\u2014\u2013\u221
 
 # name -> "module:attribute", in the order `ftplan --help` lists them
 SUBCOMMANDS = {
-    "models": "ftplan.planner.commands.models:command",
-    "calibrate": "ftplan.planner.commands.calibrate:command",
-    "calibrate-network": "ftplan.planner.commands.calibrate_network:command",
-    "fit": "ftplan.planner.commands.fit:command",
-    "predict": "ftplan.planner.commands.predict:command",
-    "plan": "ftplan.planner.commands.plan:command",
-    "eta": "ftplan.planner.commands.eta:command",
-    "report": "ftplan.planner.commands.report:command",
-    "gpus": "ftplan.planner.commands.gpus:command",
+    "models": "ftplan.cli.commands.models:command",
+    "calibrate": "ftplan.cli.commands.calibrate:command",
+    "calibrate-network": "ftplan.cli.commands.calibrate_network:command",
+    "fit": "ftplan.cli.commands.fit:command",
+    "predict": "ftplan.cli.commands.predict:command",
+    "plan": "ftplan.cli.commands.plan:command",
+    "eta": "ftplan.cli.commands.eta:command",
+    "report": "ftplan.cli.commands.report:command",
+    "gpus": "ftplan.cli.commands.gpus:command",
 }
 
 

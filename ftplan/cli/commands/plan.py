@@ -12,9 +12,9 @@ from click.core import ParameterSource
 from ftplan.core.errors import FtplanError
 from ftplan.core.settings import PRECISIONS
 from ftplan.planner import api
-from ftplan.planner.batching import STRATEGIES
-from ftplan.planner.commands.dataset_options import check_dataset_options, dataset_options
-from ftplan.planner.commands.options import DEFAULT_GPUS_PER_NODE, positive_int_list, step_time_cv_option
+from ftplan.models.batching import STRATEGIES
+from ftplan.cli.commands.dataset_options import check_dataset_options, dataset_options
+from ftplan.cli.commands.options import DEFAULT_GPUS_PER_NODE, positive_int_list, step_time_cv_option
 from ftplan.planner.dataset_plan import DatasetOptions
 from ftplan.planner.inputs import (
     FINITE_FLOAT,
@@ -23,7 +23,7 @@ from ftplan.planner.inputs import (
     gpu_options,
     link_options,
 )
-from ftplan.planner.render import (
+from ftplan.cli.render import (
     make_console,
     print_plan,
     print_scaling,

@@ -4,7 +4,7 @@ import click
 from rich.table import Table
 
 from ftplan.core.architecture import available_architectures, load_architecture
-from ftplan.planner.render import COMPACT, make_console, print_table
+from ftplan.cli.render import COMPACT, make_console, print_table
 
 
 @click.command("models")

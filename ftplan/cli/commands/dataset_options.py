@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ftplan.planner.batching import TOO_LONG
+from ftplan.models.batching import TOO_LONG
 from ftplan.planner.dataset import CHARS_PER_TOKEN
 
 DATASET_OPTIONS = (
