@@ -13,13 +13,17 @@ import math
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ftplan.core.hardware import GpuSpec
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
-from ftplan.models.safe_batch import MemoryBudget
 from ftplan.models.eta import estimate_eta, largest_micro_batch
+from ftplan.models.safe_batch import MemoryBudget
 from ftplan.planner.search import PlanRequest, Predictor, safe_prediction
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 MEMORY_PNG = "memory_vs_batch.png"
 TIME_PNG = "seconds_per_step_vs_batch.png"
@@ -296,3 +300,33 @@ def _setup_words(setting: dict) -> str:
 def _rate(gbs: float) -> str:
     return f"{gbs:g} GB/s" if gbs >= 1 else f"{gbs * 1000:g} MB/s"
 
+
+def plot_scaling(tables: dict[str, pd.DataFrame], path: Path) -> Path:
+    """Speed-up and efficiency against GPU count, one line per table (e.g. 'full', 'LoRA r16')."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (speed, efficiency) = plt.subplots(1, 2, figsize=(11, 4.2))
+    counts = sorted({g for t in tables.values() for g in t["gpus"]})
+    speed.plot(counts, counts, color="grey", linestyle=":", label="ideal")
+    for label, table in tables.items():
+        speed.plot(table["gpus"], table["speedup"], marker="o", label=label)
+        efficiency.plot(table["gpus"], table["efficiency"], marker="o", label=label)
+    for axis in (speed, efficiency):
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(counts, [str(c) for c in counts])
+        axis.set_xlabel("GPUs")
+        axis.grid(True, alpha=0.3)
+    speed.set_yscale("log", base=2)
+    speed.set_ylabel("speed-up over one GPU")
+    efficiency.set_ylim(0, max([1.0, *(t["efficiency"].max() for t in tables.values())]) * 1.05)  # superlinear with ZeRO
+    efficiency.set_ylabel("scaling efficiency (speed-up / GPUs)")
+    speed.legend()
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import replace
-from pathlib import Path
 
 import pandas as pd
 
@@ -22,6 +21,7 @@ from ftplan.models.communication import (
     step_time_cv,
 )
 
+DEFAULT_GPUS_PER_NODE = 8  # a full cloud or DGX node; `--gpus-per-node 1` for single-GPU instances
 _RANGE = re.compile(r"^(\d+)\.\.(\d+)$")
 
 
@@ -131,33 +131,3 @@ def choose_gpu_count(table: pd.DataFrame, dataset_size: int, epochs: float, pric
                           f"needs {fastest['hours']:.1f} h")
     return in_time.sort_values(["cost", "hours", "gpus"]).iloc[0]
 
-
-def plot_scaling(tables: dict[str, pd.DataFrame], path: Path) -> Path:
-    """Speed-up and efficiency against GPU count, one line per table (e.g. 'full', 'LoRA r16')."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (speed, efficiency) = plt.subplots(1, 2, figsize=(11, 4.2))
-    counts = sorted({g for t in tables.values() for g in t["gpus"]})
-    speed.plot(counts, counts, color="grey", linestyle=":", label="ideal")
-    for label, table in tables.items():
-        speed.plot(table["gpus"], table["speedup"], marker="o", label=label)
-        efficiency.plot(table["gpus"], table["efficiency"], marker="o", label=label)
-    for axis in (speed, efficiency):
-        axis.set_xscale("log", base=2)
-        axis.set_xticks(counts, [str(c) for c in counts])
-        axis.set_xlabel("GPUs")
-        axis.grid(True, alpha=0.3)
-    speed.set_yscale("log", base=2)
-    speed.set_ylabel("speed-up over one GPU")
-    efficiency.set_ylim(0, max([1.0, *(t["efficiency"].max() for t in tables.values())]) * 1.05)  # superlinear with ZeRO
-    efficiency.set_ylabel("scaling efficiency (speed-up / GPUs)")
-    speed.legend()
-    figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path

@@ -29,8 +29,8 @@ from ftplan.models.batching import (
     saturating_batch,
     split_global_batch,
 )
-from ftplan.planner.dataset import CHARS_PER_TOKEN, DatasetLengths, load_lengths
 from ftplan.models.eta import MAX_STEPS, Eta
+from ftplan.planner.dataset import CHARS_PER_TOKEN, DatasetLengths, load_lengths
 from ftplan.planner.search import Plan, PlanRequest, Predictor, SetupPlan, make_plan
 
 # Batchings whose padded shape changes from step to step. On a GPU such shapes fragment PyTorch's caching

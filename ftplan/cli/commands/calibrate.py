@@ -28,12 +28,12 @@ from ftplan.calibration import launcher, measure
 from ftplan.calibration.extra import extra_problem
 from ftplan.calibration.ladder import LadderStep
 from ftplan.calibration.runner import CalibrationPlan, CalibrationProgress, calibrate, pinned_machine_id
+from ftplan.cli.commands.dataset_options import check_dataset_options, dataset_options
+from ftplan.cli.commands.options import positive_int_list
 from ftplan.core.architecture import ALL_LINEAR_TARGETS, load_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.settings import PRECISIONS, Setting
 from ftplan.core.units import GIB
-from ftplan.cli.commands.dataset_options import check_dataset_options, dataset_options
-from ftplan.cli.commands.options import positive_int_list
 from ftplan.planner.dataset import CHARS_PER_TOKEN, load_lengths
 from ftplan.planner.dataset_plan import calibration_length
 

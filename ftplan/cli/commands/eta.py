@@ -7,24 +7,25 @@ from pathlib import Path
 
 import click
 
-from ftplan.core.architecture import load_architecture
-from ftplan.core.hardware import find_gpu, load_catalog
-from ftplan.core.units import GIB
-from ftplan.models.communication import describe_layout
-from ftplan.models.host_memory import host_bytes_per_node, usable_host_bytes
-from ftplan.cli.commands.options import setting_from_options, setting_options, step_time_cv_option
-from ftplan.cli.commands.plan import host_memory_option
-from ftplan.models.eta import estimate_eta
-from ftplan.planner.inputs import (
+from ftplan.cli.commands.input_options import (
     FINITE_FLOAT,
     budget_options,
     calibrations_option,
     gpu_options,
     link_options,
-    load_evidence,
 )
-from ftplan.cli.render import eta_lines, eta_to_dict, host_line, prediction_to_dict
+from ftplan.cli.commands.options import setting_from_options, setting_options, step_time_cv_option
+from ftplan.cli.commands.plan import host_memory_option
+from ftplan.cli.render import eta_lines, host_line
+from ftplan.core.architecture import load_architecture
+from ftplan.core.hardware import find_gpu, load_catalog
+from ftplan.core.units import GIB
+from ftplan.models.communication import describe_layout
+from ftplan.models.eta import estimate_eta
+from ftplan.models.host_memory import host_bytes_per_node, usable_host_bytes
 from ftplan.models.scaling import with_step_time_cv
+from ftplan.planner.as_data import eta_to_dict, prediction_to_dict
+from ftplan.planner.inputs import load_evidence
 from ftplan.planner.search import fits_budget
 
 

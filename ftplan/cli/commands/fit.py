@@ -8,13 +8,13 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from ftplan.cli.render import COMPACT, make_console, print_table
 from ftplan.core.errors import FtplanError
-from ftplan.store.records import read_records
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.fitset import FitSet, fit_records
 from ftplan.planner.inputs import default_calibrations
-from ftplan.cli.render import COMPACT, make_console, print_table
+from ftplan.store.records import read_records
 
 
 @click.command("fit")

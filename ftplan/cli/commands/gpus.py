@@ -4,8 +4,8 @@ from pathlib import Path
 
 import click
 
-from ftplan.core.hardware import load_catalog
 from ftplan.cli.render import gpu_sources, gpu_table, make_console, print_table
+from ftplan.core.hardware import load_catalog
 
 
 @click.command("gpus")

@@ -3,8 +3,8 @@
 import click
 from rich.table import Table
 
-from ftplan.core.architecture import available_architectures, load_architecture
 from ftplan.cli.render import COMPACT, make_console, print_table
+from ftplan.core.architecture import available_architectures, load_architecture
 
 
 @click.command("models")

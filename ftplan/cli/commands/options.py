@@ -9,9 +9,7 @@ import click
 from ftplan.core.architecture import ALL_LINEAR_TARGETS
 from ftplan.core.errors import FtplanError
 from ftplan.core.settings import PRECISIONS, ZERO_STAGES, Setting
-from ftplan.models.scaling import fixed_layout, node_layout
-
-DEFAULT_GPUS_PER_NODE = 8  # a full cloud or DGX node; `--gpus-per-node 1` for single-GPU instances
+from ftplan.models.scaling import DEFAULT_GPUS_PER_NODE, fixed_layout, node_layout
 
 
 def positive_int_list(what: str):

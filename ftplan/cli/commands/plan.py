@@ -9,25 +9,26 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from ftplan.core.errors import FtplanError
-from ftplan.core.settings import PRECISIONS
-from ftplan.planner import api
-from ftplan.models.batching import STRATEGIES
 from ftplan.cli.commands.dataset_options import check_dataset_options, dataset_options
-from ftplan.cli.commands.options import DEFAULT_GPUS_PER_NODE, positive_int_list, step_time_cv_option
-from ftplan.planner.dataset_plan import DatasetOptions
-from ftplan.planner.inputs import (
+from ftplan.cli.commands.input_options import (
     FINITE_FLOAT,
     budget_options,
     calibrations_option,
     gpu_options,
     link_options,
 )
+from ftplan.cli.commands.options import positive_int_list, step_time_cv_option
 from ftplan.cli.render import (
     make_console,
     print_plan,
     print_scaling,
 )
+from ftplan.core.errors import FtplanError
+from ftplan.core.settings import PRECISIONS
+from ftplan.models.batching import STRATEGIES
+from ftplan.models.scaling import DEFAULT_GPUS_PER_NODE
+from ftplan.planner import api
+from ftplan.planner.dataset_plan import DatasetOptions
 from ftplan.planner.search import DEFAULT_LORA_RANKS
 
 host_memory_option = click.option(

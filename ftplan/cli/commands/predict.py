@@ -13,16 +13,17 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from ftplan.cli.commands.input_options import budget_options, calibrations_option, link_options
+from ftplan.cli.commands.options import setting_from_options, setting_options, step_time_cv_option
+from ftplan.cli.render import memory_verdict
 from ftplan.core.architecture import load_architecture
 from ftplan.core.hardware import GpuSpec, find_gpu, load_catalog
 from ftplan.core.units import GIB
 from ftplan.models.communication import describe_layout
 from ftplan.models.prediction import Prediction
 from ftplan.models.safe_batch import MemoryBudget, proven_batch
-from ftplan.cli.commands.options import setting_from_options, setting_options, step_time_cv_option
-from ftplan.planner.inputs import budget_options, calibrations_option, link_options, load_evidence
-from ftplan.cli.render import memory_verdict
 from ftplan.models.scaling import with_step_time_cv
+from ftplan.planner.inputs import load_evidence
 from ftplan.planner.search import fits_budget
 
 DEFAULT_GPU = "H200"  # the card the shipped calibrations were measured on

@@ -6,15 +6,11 @@ from pathlib import Path
 
 import click
 
+from ftplan.cli.commands.input_options import budget_options, calibrations_option, link_options
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import CPU, load_catalog
 from ftplan.core.settings import Setting
-from ftplan.planner.inputs import (
-    budget_options,
-    calibrations_option,
-    link_options,
-    load_evidence,
-)
+from ftplan.planner.inputs import load_evidence
 
 
 @click.command("report")
