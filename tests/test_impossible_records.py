@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.test_reliability_round2_hostile_records import (
+from tests.test_hostile_records import (
     GOOD,
     assert_line_two_is_skipped,
     changed,
