@@ -18,9 +18,9 @@ from ftplan.calibration.network import (
     resolve_backend,
 )
 from ftplan.core.errors import FtplanError
-from ftplan.core.records import RecordWarning, append_record, iter_records, read_records
+from ftplan.store.records import RecordWarning, append_record, iter_records, read_records
 from ftplan.models.communication import COLLECTIVE_BASE_LATENCY_S
-from ftplan.planner.cli import cli, main
+from ftplan.cli.main import cli, main
 
 
 def test_calibrate_network_measures_real_gloo_allreduces_into_a_network_record(tmp_path):
