@@ -9,6 +9,13 @@ bytes (fp32 when Trainer autocasts an fp32 model, else m), SDPA/flash attention 
   after it (h + 2kv) and its output (h); SwiGLU saves gate, silu(gate), up and their product (4I).
 - Liger kernels: RMSNorm saves only its input (h·s); RoPE works in place; SwiGLU recomputes silu,
   saving gate, up and the product (3I).
+- The attention path (Setting.masked): with no mask, SDPA runs grouped-query attention natively on the
+  flash kernel and saves k and v at the KV width. A padding mask (any padded batch) makes transformers
+  expand k and v to every query head (`repeat_kv` in integrations/sdpa_attention.py, taken whenever a mask
+  is passed on CUDA) and SDPA leaves flash for the memory-efficient kernel, which saves the expanded k and v
+  (2·q_width instead of 2·kv) and an additive bias that SDPA converts from the boolean (batch, 1, seq, seq)
+  mask on every call (seq half-precision values per token, per layer). Eager attention also saves the
+  scores and their softmax (heads·seq each).
 - Gradient checkpointing keeps one residual-stream tensor per layer (h·s) and, during the
   recompute of one layer, that layer's full activations.
 - Loss: Trainer's causal-LM loss upcasts the logits to fp32; the peak, at the start of backward,
@@ -47,7 +54,18 @@ def layer_bytes_per_token(arch: Architecture, setting: Setting) -> int:
         attention = ((h + kv) + (h + 2 * kv) + h) * m
         mlp = 4 * inter * m
     linear_inputs = 2 * h * m
-    return norms + linear_inputs + attention + mlp
+    return norms + linear_inputs + attention + mlp + masked_attention_bytes_per_token(arch, setting)
+
+
+def masked_attention_bytes_per_token(arch: Architecture, setting: Setting) -> int:
+    """What one layer saves per token beyond the unmasked flash path: expanded k and v and the additive mask
+    (see the module docstring); eager attention's scores and probabilities. 0 for unmasked SDPA or flash-attention 2."""
+    m, q_width, kv = activation_bytes(setting), arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    if setting.attention == "eager":
+        return 2 * (q_width - kv) * m + 2 * arch.heads * setting.seq_len * m
+    if not setting.masked or setting.attention != "sdpa":
+        return 0
+    return 2 * (q_width - kv) * m + setting.seq_len * m
 
 
 def activations_bytes_per_token(arch: Architecture, setting: Setting) -> int:

@@ -21,7 +21,7 @@ from functools import cached_property
 from ftplan.core.architecture import cached_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import GpuSpec, find_gpu, load_catalog
-from ftplan.core.settings import Setting
+from ftplan.core.settings import PADDINGS, Setting
 from ftplan.models.bytes_per_param import same_state_optimizers
 from ftplan.models.communication import (
     DEFAULT_BACKWARD_FRACTION,
@@ -51,6 +51,8 @@ from ftplan.models.prior import (
 )
 
 DEFAULT_INTER_NODE_LINK = "cloud"
+PADDING_WORDS = {"none": "equal-length rows, no mask", "max_length": "padded to seq_len, masked",
+                 "longest": "padded to each batch's longest, masked", "packed": "flattened packed rows"}
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,9 @@ class Predictor:
                       for conf in self._alloc_confs if conf != setting.alloc_conf]
         relatives += [(setting.with_(optimizer=other), f"calibrated with {other} (the same AdamW state; its step "
                        "temporaries shifted by the prior)") for other in same_state_optimizers(setting.optimizer)]
+        relatives += [(setting.with_(padding=other), f"calibrated with padding '{other}' ({PADDING_WORDS[other]}), "
+                       f"not this run's '{setting.padding}': the attention path's change is the prior's")
+                      for other in PADDINGS if other != setting.padding]
         if setting.world_size > 1:
             relatives.append((setting.with_(gpus=1, nodes=1), "memory from the 1-GPU calibration plus the analytic change of partitioned states"))
         for candidate, note in relatives:

@@ -32,7 +32,9 @@ from ftplan.cli.commands.dataset_options import check_dataset_options, dataset_o
 from ftplan.cli.commands.options import positive_int_list
 from ftplan.core.architecture import ALL_LINEAR_TARGETS, load_architecture
 from ftplan.core.errors import FtplanError
-from ftplan.core.settings import PRECISIONS, Setting
+from ftplan.core.settings import ATTENTIONS, PRECISIONS, Setting
+
+CALIBRATED_PADDINGS = ("max_length", "longest", "none")  # packed rows are not calibrated yet: plans say so
 from ftplan.core.units import GIB
 from ftplan.planner.dataset import CHARS_PER_TOKEN, load_lengths
 from ftplan.planner.dataset_plan import calibration_length
@@ -103,6 +105,13 @@ def _switch(value: str) -> tuple[bool, ...]:
               help="Seconds before a trial is ended as an error.")
 @click.option("--alloc-conf", envvar="PYTORCH_CUDA_ALLOC_CONF", default="", show_default=False,
               help="PYTORCH_CUDA_ALLOC_CONF for the trials (part of the setting).  [default: $PYTORCH_CUDA_ALLOC_CONF]")
+@click.option("--padding", "paddings", type=click.Choice(CALIBRATED_PADDINGS), multiple=True,
+              default=("max_length",), show_default=True,
+              help="The collator's padding, as the emitted config's (`plan` without --dataset: max_length; "
+                   "--batching dynamic/group: longest): padded batches carry a mask, which sends SDPA down its masked "
+                   "path (K/V expanded to every query head); none: rows of exactly --seq-len, no mask. Repeatable.")
+@click.option("--attention", type=click.Choice(ATTENTIONS), default="sdpa", show_default=True,
+              help="attn_implementation the model is loaded with (part of the setting).")
 @click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Keep every rank's log here (by default logs are deleted; failures quote their last line).")
 @click.pass_context
@@ -114,7 +123,7 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
             precision: str | None,
             gpus: int,
             batch_sizes: tuple[int, ...] | None, max_batch: int | None, verify: bool | None, steps: int, warmup_steps: int,
-            timeout: float, alloc_conf: str, log_dir: Path | None) -> None:
+            timeout: float, alloc_conf: str, paddings: tuple[str, ...], attention: str, log_dir: Path | None) -> None:
     """Run short real fine-tunes of every combination of the options, at a ladder of batch sizes.
 
     Each trial runs in its own processes under a watchdog; every finished trial is appended at once,
@@ -129,7 +138,8 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
     precision = precision or DEFAULT_PRECISION[device]
     ctx.params.update(seq_lens=seq_lens, precision=precision)  # the command line kept in every record names them
     settings = expand_settings(models, seq_lens, zero_stages, _switch(offload), _switch(liger),
-                               _switch(gradient_checkpointing), lora_ranks, lora_targets, precision, gpus, alloc_conf)
+                               _switch(gradient_checkpointing), lora_ranks, lora_targets, precision, gpus, alloc_conf,
+                               paddings, attention)
     if launcher.TRIAL_COMMAND == launcher.REAL_TRIAL_COMMAND:  # a stand-in trial (tests) needs no GPU
         settings = runnable_here(settings, device)
     out = out or measure.default_records_path()
@@ -161,7 +171,7 @@ def dataset_seq_len(dataset: Path, text_field: str | None, ids_field: str | None
 
 
 def expand_settings(models, seq_lens, zero_stages, offloads, ligers, checkpointings, lora_ranks, lora_targets,
-                    precision, gpus, alloc_conf) -> list[Setting]:
+                    precision, gpus, alloc_conf, paddings=("max_length",), attention="sdpa") -> list[Setting]:
     """The cartesian product of the options; offload is only combined with ZeRO stages that support it."""
     if offloads == (True,) and 0 in zero_stages:
         raise FtplanError("--offload on needs DeepSpeed ZeRO: use --zero-stage 1-3 (or --offload both)")
@@ -172,14 +182,15 @@ def expand_settings(models, seq_lens, zero_stages, offloads, ligers, checkpointi
         for rank in {r for r in lora_ranks if r}:
             arch.lora_params(rank, lora_targets)  # names unknown modules in one line
     settings = []
-    for model, seq_len, zero, off, lig, gc, rank in itertools.product(
-            models, seq_lens, zero_stages, offloads, ligers, checkpointings, lora_ranks):
+    for model, seq_len, zero, off, lig, gc, rank, padding in itertools.product(
+            models, seq_lens, zero_stages, offloads, ligers, checkpointings, lora_ranks, paddings):
         if off and zero == 0:
             continue
         settings.append(Setting(model=model, seq_len=seq_len, zero_stage=zero, offload_optimizer=off, liger=lig,
                                 gradient_checkpointing=gc, lora_rank=rank,
                                 lora_targets=lora_targets if rank else ALL_LINEAR_TARGETS,
-                                precision=precision, gpus=gpus, alloc_conf=alloc_conf))
+                                precision=precision, gpus=gpus, alloc_conf=alloc_conf, padding=padding,
+                                attention=attention))
     return list(dict.fromkeys(settings))
 
 
