@@ -30,6 +30,7 @@ from ftplan.calibration.ladder import LadderStep
 from ftplan.calibration.runner import CalibrationPlan, CalibrationProgress, calibrate, pinned_machine_id
 from ftplan.cli.commands.dataset_options import check_dataset_options, dataset_options
 from ftplan.cli.commands.options import positive_int_list
+from ftplan.cli.main import Dependencies
 from ftplan.core.architecture import ALL_LINEAR_TARGETS, load_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.settings import PRECISIONS, Setting
@@ -130,7 +131,9 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
     ctx.params.update(seq_lens=seq_lens, precision=precision)  # the command line kept in every record names them
     settings = expand_settings(models, seq_lens, zero_stages, _switch(offload), _switch(liger),
                                _switch(gradient_checkpointing), lora_ranks, lora_targets, precision, gpus, alloc_conf)
-    if launcher.TRIAL_COMMAND == launcher.REAL_TRIAL_COMMAND:  # a stand-in trial (tests) needs no GPU
+    dependencies = ctx.find_object(Dependencies)
+    trial_command = dependencies.trial_command if dependencies else None
+    if trial_command is None:  # a stand-in trial (tests) needs no GPU
         settings = runnable_here(settings, device)
     out = out or measure.default_records_path()
     machine = machine or measure.machine_id(pinned_machine_id(out))
@@ -139,7 +142,8 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
                            warmup_steps=warmup_steps, timeout=timeout,
                            max_batch=max_batch or DEFAULT_MAX_BATCH[device],
                            batch_sizes=QUICK_BATCH_SIZES if quick else batch_sizes,
-                           machine_id=machine, command=_command_line(ctx), log_dir=log_dir)
+                           machine_id=machine, command=_command_line(ctx), log_dir=log_dir,
+                           trial_command=trial_command)
     _check_writable(plan.out)
     console.print(f"calibrating {len(settings)} setting(s) on {device}, appending to {plan.out}")
     with _sigterm_as_interrupt(), RichProgress(console) as progress:
