@@ -34,9 +34,11 @@ _MEASURED_NUMBERS = ("peak_allocated_bytes", "peak_reserved_bytes", "seconds_per
                      "gpu_memory_total_bytes", "params_total", "params_trainable", "tokens_per_second")
 # Types of the trial fields readers compute with (None is allowed where a failed trial measured nothing).
 _TRIAL_FIELD_TYPES = {
-    **{key: "an integer" for key in ("micro_batch", "seq_len", "zero_stage", "lora_rank", "gpus", "nodes")},
+    **{key: "an integer" for key in ("micro_batch", "seq_len", "zero_stage", "lora_rank", "gpus", "nodes",
+                                     "pad_to_multiple_of")},
     **{key: "true or false" for key in ("offload_optimizer", "liger", "gradient_checkpointing")},
-    **{key: "text" for key in ("model", "setting_key", "precision", "optimizer", "alloc_conf", "gpu_name")},
+    **{key: "text" for key in ("model", "setting_key", "precision", "optimizer", "alloc_conf", "gpu_name",
+                               "attention", "padding")},
     **{key: "a number" for key in _MEASURED_NUMBERS},
     "lora_targets": "a list of strings",
     "step_seconds": "a list of numbers",
