@@ -75,11 +75,12 @@ class Predictor:
     """
 
     def __init__(self, records: list[dict], fits: FitSet, constants: dict[str, PriorConstants],
-                 gpu_catalog: dict[str, GpuSpec] | None = None, links: Links | None = None):
+                 gpu_catalog: dict[str, GpuSpec], links: Links | None = None):
+        """Built from fitted parts and a catalog already read: construction reads no file (Predictor.fit does)."""
         self._records = [r for r in records if r.get("status") in ("ok", "oom")]
         self._fits = fits
         self._constants = dict(constants)
-        self._catalog = gpu_catalog if gpu_catalog is not None else load_catalog()
+        self._catalog = gpu_catalog
         self._links = links
         self._overlaps: dict[Links, float] = {}
         self._catalog_links: dict[str, Links] = {}

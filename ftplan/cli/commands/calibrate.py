@@ -30,11 +30,10 @@ from ftplan.calibration.ladder import LadderStep
 from ftplan.calibration.runner import CalibrationPlan, CalibrationProgress, calibrate, pinned_machine_id
 from ftplan.cli.commands.dataset_options import check_dataset_options, dataset_options
 from ftplan.cli.commands.options import positive_int_list
+from ftplan.cli.main import Dependencies
 from ftplan.core.architecture import ALL_LINEAR_TARGETS, load_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.settings import ATTENTIONS, PRECISIONS, Setting
-
-CALIBRATED_PADDINGS = ("max_length", "longest", "none")  # packed rows are not calibrated yet: plans say so
 from ftplan.core.units import GIB
 from ftplan.planner.dataset import CHARS_PER_TOKEN, load_lengths
 from ftplan.planner.dataset_plan import calibration_length
@@ -46,6 +45,7 @@ QUICK_BATCH_SIZES = (1, 2, 4)
 DEFAULT_MAX_BATCH = {"cuda": 1024, "cpu": 4}  # a CPU never runs out of memory before swapping, so stop early
 # A CPU calibration should take minutes: 256 tokens in fp32, the Trainer's own default off a GPU. bf16 on a
 # CPU without bf16 units ran tiny-llama 30x slower (3.7 s/step against 0.1 at 256 tokens, batch 1).
+CALIBRATED_PADDINGS = ("max_length", "longest", "none")  # packed rows are not calibrated yet: plans say so
 DEFAULT_SEQ_LEN = {"cuda": 2048, "cpu": 256}
 DEFAULT_PRECISION = {"cuda": "bf16", "cpu": "fp32"}
 SWITCH = click.Choice(["on", "off", "both"])
@@ -140,7 +140,9 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
     settings = expand_settings(models, seq_lens, zero_stages, _switch(offload), _switch(liger),
                                _switch(gradient_checkpointing), lora_ranks, lora_targets, precision, gpus, alloc_conf,
                                paddings, attention)
-    if launcher.TRIAL_COMMAND == launcher.REAL_TRIAL_COMMAND:  # a stand-in trial (tests) needs no GPU
+    dependencies = ctx.find_object(Dependencies)
+    trial_command = dependencies.trial_command if dependencies else None
+    if trial_command is None:  # a stand-in trial (tests) needs no GPU
         settings = runnable_here(settings, device)
     out = out or measure.default_records_path()
     machine = machine or measure.machine_id(pinned_machine_id(out))
@@ -149,7 +151,8 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
                            warmup_steps=warmup_steps, timeout=timeout,
                            max_batch=max_batch or DEFAULT_MAX_BATCH[device],
                            batch_sizes=QUICK_BATCH_SIZES if quick else batch_sizes,
-                           machine_id=machine, command=_command_line(ctx), log_dir=log_dir)
+                           machine_id=machine, command=_command_line(ctx), log_dir=log_dir,
+                           trial_command=trial_command)
     _check_writable(plan.out)
     console.print(f"calibrating {len(settings)} setting(s) on {device}, appending to {plan.out}")
     with _sigterm_as_interrupt(), RichProgress(console) as progress:
