@@ -126,6 +126,8 @@ class FtplanCallback(TrainerCallback):
     # Start ---------------------------------------------------------------------------------------
 
     def _begin(self, args, state, model) -> None:
+        if self._run is not None and not self._finished:  # the last train() raised and the user's code caught it
+            self._finish("train() was called again after this run raised")  # records it and restores the handlers
         self._finished, self.record, self.step_seconds, self._steps_done = False, None, [], 0
         self._run = _Run(args, state, model, self.seq_len, config_dir=self.out.parent,
                          machine_id=measure.machine_id(pinned_machine_id(self.out)))
