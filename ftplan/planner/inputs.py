@@ -17,7 +17,7 @@ import click
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import GpuSpec, find_gpu, load_catalog
 from ftplan.core.paths import calibrations_dir
-from ftplan.core.records import RecordWarning, read_records
+from ftplan.core.records import RecordWarning, printable, read_records
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.communication import (
@@ -27,6 +27,7 @@ from ftplan.models.communication import (
     links_from_catalog,
     parse_bandwidth,
 )
+from ftplan.models.prior import unmodelled
 from ftplan.models.safe_batch import DEFAULT_CONTEXT_RESERVE_GIB, MemoryBudget
 from ftplan.planner.search import DEFAULT_SAFETY_MARGIN
 
@@ -227,10 +228,18 @@ def _rate(gbs: float) -> str:
 
 
 def _read_input(path: Path) -> tuple[list[dict], list[dict]]:
-    records = read_records([path])
+    records = [r for r in read_records([path]) if _modelled(r)]
     with warnings.catch_warnings():  # the trial pass already named every bad line
         warnings.simplefilter("ignore", RecordWarning)
         return records, read_records([path], kind="network")
+
+
+def _modelled(record: dict) -> bool:
+    """False, with a warning naming the file and line, for a record whose setting ftplan has no model of."""
+    problem = unmodelled(record)
+    if problem:
+        warnings.warn(f"{record['_source']}: {printable(problem)}; record skipped", RecordWarning, stacklevel=2)
+    return problem is None
 
 
 def default_calibrations() -> list[Path]:
