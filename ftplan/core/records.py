@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import json
 import math
 import os
@@ -85,7 +86,7 @@ def append_record(path: Path, record: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(record, sort_keys=True) + "\n").encode()
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = open_store(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         if _holds_line(fd, line):  # this very record (timestamp and all) is in already: appending is idempotent
@@ -98,10 +99,50 @@ def append_record(path: Path, record: dict) -> None:
         os.close(fd)
 
 
+def open_store(path: Path) -> int:
+    """A descriptor for appending to a calibration file, created if missing; refused, in one line, when
+    the path is a symlink (as root it could point into any file), not a regular file, or a file holding
+    something other than records (a user's dataset once got a record as its line 51)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        why = "it is a symlink; ftplan does not write through one" if exc.errno == errno.ELOOP else exc.strerror
+        raise FtplanError(f"cannot write calibration file {printable(str(path))}: {why}") from None
+    problem = None if stat.S_ISREG(os.fstat(fd).st_mode) else "not a regular file"
+    if problem is None and not _holds_records(fd):
+        problem = "it holds no ftplan record; give a new file or one ftplan wrote"
+    if problem:
+        os.close(fd)
+        raise FtplanError(f"cannot write calibration file {printable(str(path))}: {problem}")
+    return fd
+
+
+def _holds_records(fd: int, lines: int = 5) -> bool:
+    """Whether a file is empty or one of its first non-blank lines is a record of any kind (it has a schema
+    version): a record torn by a kill may come first, a user's dataset never has one."""
+    with open(os.dup(fd), "rb") as stream:  # a dup shares the file offset: start at 0, and leave it there
+        stream.seek(0)
+        try:
+            first = list(itertools.islice((line for _n, line in _bounded_lines(stream) if line is None or line.strip()),
+                                          lines))
+        finally:
+            stream.seek(0)
+    return not first or any(_is_record_line(line) for line in first)
+
+
+def _is_record_line(line: bytes | None) -> bool:
+    try:
+        record = json.loads(line) if line is not None else None
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(record, dict) and "schema_version" in record
+
+
 def _holds_line(fd: int, line: bytes) -> bool:
     """Whether the file already has this exact line: a calibration that waited on another's claim of a
     trial hands back the record that one wrote, and it must not land twice."""
     with open(os.dup(fd), "rb") as stream:
+        stream.seek(0)
         return any(found == line for _number, found in _bounded_lines(stream))
 
 

@@ -7,6 +7,7 @@ draws progress. torch is imported only by the trial subprocesses, never here.
 from __future__ import annotations
 
 import itertools
+import os
 import shlex
 import signal
 import warnings
@@ -30,6 +31,7 @@ from ftplan.calibration.ladder import LadderStep
 from ftplan.calibration.runner import CalibrationPlan, CalibrationProgress, calibrate, pinned_machine_id
 from ftplan.core.architecture import ALL_LINEAR_TARGETS, load_architecture
 from ftplan.core.errors import FtplanError
+from ftplan.core.records import open_store
 from ftplan.core.settings import PRECISIONS, Setting
 from ftplan.core.units import GIB
 from ftplan.planner.commands.dataset_options import check_dataset_options, dataset_options
@@ -133,6 +135,7 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
     if launcher.TRIAL_COMMAND == launcher.REAL_TRIAL_COMMAND:  # a stand-in trial (tests) needs no GPU
         settings = runnable_here(settings, device)
     out = out or measure.default_records_path()
+    _check_writable(out)  # before reading it: a symlink or a user's own file is refused unread
     machine = machine or measure.machine_id(pinned_machine_id(out))
     quick = device == "cuda" and batch_sizes is None and max_batch is None
     plan = CalibrationPlan(out=out, device=device, steps=steps, verify=quick if verify is None else verify,
@@ -140,7 +143,6 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
                            max_batch=max_batch or DEFAULT_MAX_BATCH[device],
                            batch_sizes=QUICK_BATCH_SIZES if quick else batch_sizes,
                            machine_id=machine, command=_command_line(ctx), log_dir=log_dir)
-    _check_writable(plan.out)
     console.print(f"calibrating {len(settings)} setting(s) on {device}, appending to {plan.out}")
     with _sigterm_as_interrupt(), RichProgress(console) as progress:
         records = calibrate(settings, plan, progress)
@@ -204,9 +206,9 @@ def _check_writable(out: Path) -> None:
     """Fail now, not after the first hour of trials."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.open("a").close()
     except OSError as exc:
         raise FtplanError(f"cannot write calibration file {out}: {exc.strerror}") from None
+    os.close(open_store(out))
 
 
 def _command_line(ctx: click.Context) -> str:
