@@ -34,7 +34,7 @@ from benchmarks.prior_accuracy import benchmark as prior_benchmark  # noqa: E402
 from benchmarks.prior_accuracy import print_result as print_prior  # noqa: E402
 from ftplan.core.errors import FtplanError  # noqa: E402
 from ftplan.core.paths import calibrations_dir  # noqa: E402
-from ftplan.core.records import read_records  # noqa: E402
+from ftplan.store.records import read_records  # noqa: E402
 from ftplan.models.fit import (  # noqa: E402
     compute_rate_for,
     fit_setting,

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from ftplan.planner.batching import apply_limit, batching
+from ftplan.models.batching import apply_limit, batching
 
 MAX_LENGTH = 8192
 

@@ -6,7 +6,7 @@ in this environment, the corpus of benchmarks/dataset_batching.py, tokenized by 
 trained on it; a fixed random subset of --samples paragraphs, truncated at --max-length tokens.
 
 Predicted, by ftplan alone: real tokens per micro-batch (mean length × batch) and padded tokens per micro-batch
-(ftplan.planner.batching: the expected longest sample of a random batch × batch for dynamic padding; the row ×
+(ftplan.models.batching: the expected longest sample of a random batch × batch for dynamic padding; the row ×
 batch for packing), and peak memory: a calibration trial (the trial `ftplan calibrate --dataset` runs, random
 tokens) at the longest micro-batch the plan names, batch × the longest sample, or batch × the packed row.
 Measured: one epoch of real training with the Hugging Face Trainer in random order; dynamic padding through
@@ -45,7 +45,7 @@ import numpy as np
 from ftplan.calibration.launcher import TrialSpec, run_trial
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
-from ftplan.planner.batching import apply_limit, batching, pack_assignment
+from ftplan.models.batching import apply_limit, batching, pack_assignment
 
 sys.path.insert(0, str(Path(__file__).parent))
 from dataset_batching import corpus  # the same real corpus as the padding benchmark

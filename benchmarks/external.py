@@ -12,7 +12,7 @@ import statistics
 from pathlib import Path
 
 from ftplan.core.hardware import find_gpu
-from ftplan.core.records import build_record, summarise_per_gpu
+from ftplan.store.records import build_record, summarise_per_gpu
 from ftplan.core.settings import Setting
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "external" / "seed000"

@@ -70,13 +70,12 @@ class Fault:
     probes: tuple[tuple[str, Callable[[], str | None]], ...] = ()  # (what, None when held, else what broke)
 
 
-R2 = "tests/test_reliability_round2_"
-CALLBACK = f"{R2}callback.py::test_"
-HOSTILE = f"{R2}hostile_records.py::test_"
+CALLBACK = "tests/test_callback_oom_and_failures.py::test_"
+HOSTILE = "tests/test_hostile_records.py::test_"
 FAULTS = (
-    Fault(1, "two calibrations of one file run each trial once", (f"{R2}claims.py",)),
-    Fault(2, "a new host name resumes instead of re-running", (f"{R2}machine_id.py",)),
-    Fault(3, "a full disk: no torn record, one line, exit non-zero", (f"{R2}disk_full.py",)),
+    Fault(1, "two calibrations of one file run each trial once", ("tests/test_trial_claims.py",)),
+    Fault(2, "a new host name resumes instead of re-running", ("tests/test_machine_id.py",)),
+    Fault(3, "a full disk: no torn record, one line, exit non-zero", ("tests/test_disk_full.py",)),
     Fault(4, "an OOM the user's code caught is recorded oom", (
         f"{CALLBACK}an_oom_counted_by_the_cuda_allocator_makes_the_record_oom_though_training_went_on",
         f"{CALLBACK}an_oom_the_training_loop_caught_and_skipped_makes_the_record_oom",
@@ -95,7 +94,7 @@ FAULTS = (
         f"{HOSTILE}a_line_longer_than_the_limit_is_skipped_without_being_held_in_memory",
         f"{HOSTILE}warnings_are_summarised_after_a_few_per_file",
         f"{HOSTILE}a_device_such_as_dev_zero_is_refused_in_one_line")),
-    Fault(9, "broken config.json: one clear error", (f"{R2}architecture.py",)),
+    Fault(9, "broken config.json: one clear error", ("tests/test_architecture_config_errors.py",)),
     Fault(10, "absurd numbers: refused with the limit, no overflow", probes=(
         ("eta --epochs 1e308", lambda: refused_in_one_line(*ETA, "--epochs", "1e308")),
         ("eta --dataset-size of 400 digits", lambda: refused_in_one_line(*ETA, "--dataset-size", "9" * 400)),
@@ -103,13 +102,13 @@ FAULTS = (
         ("plan on a 1e308 GiB card", lambda: refused_in_one_line("plan", "--model", "llama-3.2-1b", "--dataset-size",
                                                                  "1000", "--gpu", "HUGE", "--gpu-specs", huge_card_specs())),
         ("plan --gpus 1..100000 for 1,000 samples", speedup_beyond_the_samples))),
-    Fault(11, "--emit: user files, symlinks, stale files, copied folder", (f"{R2}emit.py",)),
-    Fault(12, "kill -9 of calibrate ends a rank's own children", (f"{R2}process_group.py",)),
-    Fault(13, "LC_ALL=C or latin-1 output: ASCII, no traceback", (f"{R2}encoding.py",)),
+    Fault(11, "--emit: user files, symlinks, stale files, copied folder", ("tests/test_emit_safety.py",)),
+    Fault(12, "kill -9 of calibrate ends a rank's own children", ("tests/test_kill_process_group.py",)),
+    Fault(13, "LC_ALL=C or latin-1 output: ASCII, no traceback", ("tests/test_output_encoding.py",)),
     Fault(14, "control and bidi characters escaped in warnings", (
         f"{HOSTILE}control_and_bidi_characters_from_a_file_are_escaped_in_warnings",
         f"{HOSTILE}the_cli_escapes_control_and_bidi_characters_in_every_warning")),
-    Fault(15, "no CUDA: refused up front; Liger skipped on a CPU", (f"{R2}device.py",)),
+    Fault(15, "no CUDA: refused up front; Liger skipped on a CPU", ("tests/test_calibrate_device_checks.py",)),
 )
 
 

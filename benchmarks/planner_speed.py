@@ -31,7 +31,7 @@ def planner_seconds(model: str, gpu: str, calibrations: list[Path], dataset_size
     from ftplan.core.settings import Setting
     from ftplan.planner.gpu_counts import plan_gpu_counts
     from ftplan.planner.inputs import load_evidence
-    from ftplan.planner.scaling import parse_gpu_counts
+    from ftplan.models.scaling import parse_gpu_counts
     from ftplan.planner.search import PlanRequest, make_plan
 
     timings = {}
@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--dataset-size", type=int, default=19692)
     parser.add_argument("--calibrations", type=Path, action="append", default=[])
     args = parser.parse_args()
-    for module in ("ftplan.planner.cli", "ftplan.planner.commands.plan"):
+    for module in ("ftplan.cli.main", "ftplan.cli.commands.plan"):
         seconds, torch_imported = import_seconds(module)
         print(f"import {module}: {seconds:.2f} s, torch imported: {torch_imported}")
     with tempfile.TemporaryDirectory() as cache:

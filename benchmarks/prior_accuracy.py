@@ -26,7 +26,7 @@ from benchmarks.external import load_external
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import find_gpu, load_catalog
 from ftplan.core.paths import calibrations_dir
-from ftplan.core.records import read_records
+from ftplan.store.records import read_records
 from ftplan.core.settings import Setting
 from ftplan.models.predictor import Predictor
 from ftplan.models.prior import fit_constants

@@ -39,7 +39,7 @@ import pandas as pd
 from ftplan.core.architecture import load_architecture
 from ftplan.core.hardware import find_gpu
 from ftplan.core.paths import calibrations_dir
-from ftplan.core.records import RecordWarning, read_records
+from ftplan.store.records import RecordWarning, read_records
 from ftplan.core.settings import Setting
 from ftplan.models.communication import (
     DDP_BUCKET_BYTES,

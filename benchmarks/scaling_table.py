@@ -15,10 +15,10 @@ import dataclasses
 import warnings
 from pathlib import Path
 
+from ftplan.cli.plots import plot_scaling
 from ftplan.core.architecture import load_architecture
 from ftplan.core.hardware import find_gpu
 from ftplan.core.paths import calibrations_dir
-from ftplan.core.records import RecordWarning, read_records
 from ftplan.core.settings import Setting
 from ftplan.models.communication import (
     estimate_overlap,
@@ -27,7 +27,8 @@ from ftplan.models.communication import (
     step_traffic,
 )
 from ftplan.models.prior import prior_estimate
-from ftplan.planner.scaling import plot_scaling, scaling_table
+from ftplan.models.scaling import scaling_table
+from ftplan.store.records import RecordWarning, read_records
 
 MODEL = "llama-2-7b"
 GPU = "H200"

@@ -1,5 +1,5 @@
 """`python -m ftplan` runs the ftplan CLI (for machines where the console script is not installed)."""
 
-from ftplan.planner.cli import main
+from ftplan.cli.main import main
 
 main()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ftplan.core.hardware import GpuSpec
-from ftplan.core.records import build_record
+from ftplan.store.records import build_record
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.prediction import Estimate, Prediction
@@ -67,7 +67,7 @@ def run_ftplan(args, capsys, monkeypatch):
     """Run the real entry point in-process: (exit code, stdout, stderr), as a user's shell would see them."""
     import warnings
 
-    from ftplan.planner.cli import main
+    from ftplan.cli.main import main
 
     monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main() replaces it; restore afterwards
     try:

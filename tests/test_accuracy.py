@@ -14,7 +14,7 @@ from benchmarks.accuracy import evaluate
 from benchmarks.external import DEFAULT_DIR, load_external
 from benchmarks.prior_accuracy import benchmark as prior_benchmark
 from ftplan.core.paths import calibrations_dir
-from ftplan.core.records import read_records
+from ftplan.store.records import read_records
 
 SHIPPED = calibrations_dir()
 

@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from ftplan.calibration import launcher
 from ftplan.core.architecture import load_architecture
 from ftplan.core.errors import FtplanError
-from ftplan.core.records import RecordWarning, read_records
+from ftplan.store.records import RecordWarning, read_records
 from ftplan.models.fitset import FitSet
-from ftplan.planner.cli import cli
+from ftplan.cli.main import cli
 from tests.helpers import planned_batch_fits
 
 FAKE_TRIAL = (sys.executable, str(Path(__file__).parent / "fixtures" / "fake_trial.py"))

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from ftplan.core.errors import FtplanError
-from ftplan.core.records import append_record
+from ftplan.store.records import append_record
 from tests.helpers import within
 from tests.test_calibrate_cli import calibrate, fake_trial  # noqa: F401 - fixture
 

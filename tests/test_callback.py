@@ -25,7 +25,7 @@ from ftplan.calibration.trainer_setting import (
 )
 from ftplan.calibration.trial import RandomTokens
 from ftplan.core.architecture import load_architecture
-from ftplan.core.records import read_records
+from ftplan.store.records import read_records
 
 REPO = Path(__file__).resolve().parent.parent
 SEQ_LEN = 32

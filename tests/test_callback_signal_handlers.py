@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from ftplan.calibration.callback import FtplanCallback
-from ftplan.core.records import read_records
+from ftplan.store.records import read_records
 from tests.test_callback import RaiseAtStep, one_torch_thread, train  # noqa: F401 - autouse fixture
 
 

@@ -14,7 +14,7 @@ from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.prediction import Estimate, Prediction
 from ftplan.models.safe_batch import MemoryBudget
-from ftplan.planner.batching import (
+from ftplan.models.batching import (
     LengthStats,
     apply_limit,
     batching,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ftplan.calibration import launcher
-from ftplan.core.records import read_records
+from ftplan.store.records import read_records
 from tests.helpers import run_ftplan
 
 FAKE_TRIAL = (sys.executable, str(Path(__file__).parent / "fixtures" / "fake_trial.py"))

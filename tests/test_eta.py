@@ -3,7 +3,7 @@
 import pytest
 
 from ftplan.core.errors import FtplanError
-from ftplan.planner.eta import estimate_eta, format_duration, steps_to_finish
+from ftplan.models.eta import estimate_eta, format_duration, steps_to_finish
 
 
 def test_steps_round_up_so_the_last_partial_batch_is_counted():

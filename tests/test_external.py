@@ -7,7 +7,7 @@ import warnings
 import pytest
 
 from benchmarks.external import DEFAULT_DIR, load_external
-from ftplan.core.records import RecordWarning, append_record, read_records
+from ftplan.store.records import RecordWarning, append_record, read_records
 
 pytestmark = pytest.mark.skipif(not DEFAULT_DIR.is_dir(), reason="public measurements not present")
 MIB = 1024**2

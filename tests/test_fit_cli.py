@@ -7,9 +7,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from ftplan.core.records import append_record
+from ftplan.store.records import append_record
 from ftplan.models.fitset import FitSet
-from ftplan.planner.cli import cli, main
+from ftplan.cli.main import cli, main
 from tests.helpers import synthetic_records
 
 

@@ -1,17 +1,21 @@
-"""Arrows run down the flow only: core <- calibration, core <- models <- planner (calibration may use
+"""Arrows run down the layers only: core < models < store < calibration, planner < cli (calibration may use
 models to choose its verify batch). An upward import is how models/ once needed calibration/."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ftplan"
 ALLOWED = {
     "core": {"core"},
     "models": {"core", "models"},
-    "calibration": {"core", "calibration", "models"},
-    "planner": {"core", "models", "calibration", "planner"},
+    "store": {"core", "models", "store"},
+    "calibration": {"core", "calibration", "models", "store"},
+    "planner": {"core", "models", "store", "calibration", "planner"},
+    "cli": {"core", "models", "store", "calibration", "planner", "cli"},
 }
 
 
@@ -35,3 +39,30 @@ def test_every_subpackage_imports_only_what_lies_below_it():
 
 def test_no_module_outside_the_stages_hides_in_the_package():
     assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"} == {*ALLOWED, "data"}
+
+
+COMMAND_LINE_ONLY = {"click", "rich", "matplotlib"}  # the planner is a library: terminals and charts are cli/'s
+
+
+def _third_party(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+    return found
+
+
+def test_no_layer_below_the_command_line_imports_click_rich_or_matplotlib():
+    wrong = [f"{path.relative_to(PACKAGE)} imports {', '.join(sorted(_third_party(path) & COMMAND_LINE_ONLY))}"
+             for stage in set(ALLOWED) - {"cli", "calibration"} for path in sorted((PACKAGE / stage).rglob("*.py"))
+             if _third_party(path) & COMMAND_LINE_ONLY]
+    assert not wrong, wrong
+
+
+def test_the_python_api_loads_neither_click_nor_rich():
+    probe = "import sys, ftplan; ftplan.plan; print(sorted({'click', 'rich'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         cwd=PACKAGE.parent).stdout
+    assert out.strip() == "[]"

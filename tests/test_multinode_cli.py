@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from ftplan.planner.cli import main
+from ftplan.cli.main import main
 
 SETTING = ["--model", "llama-3.2-1b", "--seq-len", "1024", "--lora-rank", "16"]
 

@@ -15,7 +15,7 @@ import pytest
 from benchmarks.scaling_accuracy import MEASUREMENTS, TARGET_ERROR, predict
 from ftplan.core.architecture import load_architecture
 from ftplan.core.paths import calibrations_dir
-from ftplan.core.records import RecordWarning, read_records
+from ftplan.store.records import RecordWarning, read_records
 from ftplan.core.settings import Setting
 from ftplan.models.communication import (
     COLLECTIVE_BASE_LATENCY_S,

@@ -20,9 +20,9 @@ from ftplan.calibration.network import (
     resolve_backend,
 )
 from ftplan.core.errors import FtplanError
-from ftplan.core.records import RecordWarning, append_record, iter_records, read_records
+from ftplan.store.records import RecordWarning, append_record, iter_records, read_records
 from ftplan.models.communication import COLLECTIVE_BASE_LATENCY_S
-from ftplan.planner.cli import cli, main
+from ftplan.cli.main import cli, main
 
 
 def test_real_gloo_allreduces_are_timed_at_every_size_on_two_ranks():

@@ -11,7 +11,7 @@ from benchmarks.external import DEFAULT_DIR, load_external
 from benchmarks.modes import evaluate_modes
 from ftplan.core.architecture import cached_architecture
 from ftplan.core.paths import calibrations_dir
-from ftplan.core.records import read_records
+from ftplan.store.records import read_records
 from ftplan.core.settings import Setting
 from ftplan.models.curve import top_slope
 from ftplan.models.fit import ACTIVATION_SLOPE_HIGH, ACTIVATION_SLOPE_LOW, fit_setting, group_records

@@ -71,5 +71,5 @@ def test_a_recommendation_from_the_prior_alone_is_warned(external, capsys, monke
 
 
 def test_plan_module_import_does_not_import_torch():
-    probe = "import sys, ftplan.planner.cli, ftplan.planner.search, ftplan.planner.plots, ftplan.planner.emit; print('torch' in sys.modules)"
+    probe = "import sys, ftplan.cli.main, ftplan.planner.search, ftplan.cli.plots, ftplan.planner.emit; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "False"

@@ -22,7 +22,7 @@ def range_plan():
     import contextlib
     import io
 
-    from ftplan.planner.cli import main
+    from ftplan.cli.main import main
 
     with contextlib.redirect_stdout(io.StringIO()) as out:
         main([*map(str, PLAN), "--gpus", "1,8,16", "--inter-node-bandwidth", "600MB/s", "--price-per-hour", "3",
@@ -62,7 +62,7 @@ def test_lora_traffic_keeps_scaling_across_a_slow_network_where_full_fine_tuning
 def test_more_bandwidth_between_nodes_is_never_slower():
     from ftplan.core.hardware import find_gpu
     from ftplan.core.paths import calibrations_dir
-    from ftplan.core.records import read_records
+    from ftplan.store.records import read_records
     from ftplan.core.settings import Setting
     from ftplan.models.communication import links_from_catalog
     from ftplan.models.predictor import Predictor
@@ -170,8 +170,8 @@ def test_eta_says_whether_the_offload_fits_in_host_ram(capsys, monkeypatch):
 def test_fit_cache_returns_the_same_predictor_refits_on_any_change_and_never_trusts_an_edited_file(tmp_path, monkeypatch):
     from ftplan.core.hardware import load_catalog
     from ftplan.core.paths import calibrations_dir
-    from ftplan.core.records import read_records
-    from ftplan.planner.fit_cache import cache_key, cached_predictor
+    from ftplan.store.records import read_records
+    from ftplan.store.fit_cache import cache_key, cached_predictor
 
     monkeypatch.setenv("FTPLAN_CACHE_DIR", str(tmp_path / "cache"))
     records, catalog = read_records([calibrations_dir()]), load_catalog()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ftplan.planner.cli import main
+from ftplan.cli.main import main
 
 CONTRACT_KEYS = {"peak_allocated_gib", "peak_reserved_gib", "seconds_per_step"}
 

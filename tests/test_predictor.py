@@ -7,7 +7,7 @@ import pytest
 from ftplan.core.architecture import load_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import find_gpu
-from ftplan.core.records import build_record
+from ftplan.store.records import build_record
 from ftplan.core.settings import Setting
 from ftplan.models.prediction import (
     SOURCE_EXTRAPOLATED,
@@ -98,7 +98,7 @@ def test_no_calibration_at_all_still_predicts_from_the_prior():
 def test_a_shipped_measured_batch_is_predicted_as_measured():
     # qwen2.5-0.5b full, batch 19 on the H200: 131 GiB allocated in the shipped calibration
     from ftplan.core.paths import calibrations_dir
-    from ftplan.core.records import read_records
+    from ftplan.store.records import read_records
 
     records = read_records([calibrations_dir()])
     measured = next(r for r in records if r["model"] == "qwen2.5-0.5b" and r["micro_batch"] == 19 and r["status"] == "ok"

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from ftplan.core.architecture import load_architecture
 from ftplan.core.hardware import find_gpu
-from ftplan.core.records import build_record
+from ftplan.store.records import build_record
 from ftplan.core.settings import Setting
 from ftplan.models.bytes_per_param import frozen_param_bytes, trainable_param_bytes
 from ftplan.models.prior import (

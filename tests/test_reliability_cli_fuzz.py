@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ftplan.core.paths import calibrations_dir
-from ftplan.planner.cli import main
+from ftplan.cli.main import main
 
 # Three shipped records of one setting (batches 1, 2, 4) are evidence enough for every command's whole path, and fast.
 FEW_RECORDS = (calibrations_dir() / "h200.jsonl").read_text().splitlines()[:3]

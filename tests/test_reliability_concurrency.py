@@ -9,7 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from ftplan.core.records import RecordWarning, read_records
+from ftplan.store.records import RecordWarning, read_records
 
 WRITER = (sys.executable, str(Path(__file__).parent / "fixtures" / "reliability" / "record_writer.py"))
 

@@ -11,7 +11,7 @@ import pytest
 
 from ftplan.core.errors import FtplanError
 from ftplan.core.paths import calibrations_dir
-from ftplan.core.records import RecordWarning, read_records
+from ftplan.store.records import RecordWarning, read_records
 from ftplan.models.fitset import FitSet
 from tests.helpers import run_ftplan
 

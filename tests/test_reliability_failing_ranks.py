@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ftplan.calibration import launcher
-from ftplan.core.records import read_records
+from ftplan.store.records import read_records
 from tests.helpers import run_ftplan
 
 pytest.importorskip("torch.distributed")

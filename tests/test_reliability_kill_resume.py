@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ftplan.calibration.runner import known_outcomes
-from ftplan.core.records import RecordWarning, read_records
+from ftplan.store.records import RecordWarning, read_records
 from tests.helpers import start_fake_calibration
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from ftplan.core.hardware import find_gpu, load_catalog
 from ftplan.core.settings import Setting
 from ftplan.models.predictor import Predictor
-from ftplan.planner.eta import estimate_eta, largest_micro_batch
+from ftplan.models.eta import estimate_eta, largest_micro_batch
 from ftplan.planner.search import MemoryBudget, PlanRequest, make_plan
 from tests.helpers import GIB, synthetic_records
 

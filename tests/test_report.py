@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ftplan.planner.plots import COMPLETION_PNG, MEMORY_PNG, SCALING_PNG, TIME_PNG
+from ftplan.cli.plots import COMPLETION_PNG, MEMORY_PNG, SCALING_PNG, TIME_PNG
 from tests.helpers import run_ftplan, write_external_jsonl
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -23,10 +23,10 @@ def test_report_writes_the_charts_including_scaling_against_gpu_count(tmp_path, 
 
 def test_curves_show_the_planners_largest_safe_batch_under_the_cards_limit(tmp_path):
     from ftplan.core.hardware import find_gpu
-    from ftplan.core.records import read_records
+    from ftplan.store.records import read_records
     from ftplan.models.predictor import Predictor
     from ftplan.models.safe_batch import MemoryBudget
-    from ftplan.planner.plots import collect_curves
+    from ftplan.cli.plots import collect_curves
 
     records = read_records([write_external_jsonl(tmp_path / "external.jsonl")])
     gpu = find_gpu("RTX-3090")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ftplan.core.records import read_records
+from ftplan.store.records import read_records
 
 FTPLAN = (sys.executable, str(Path(__file__).parent / "fixtures" / "ftplan_with_fake_trial.py"))
 # Two settings (Liger off/on), ladder 1, 2, 4 on each: six trials.

@@ -8,7 +8,7 @@ import pytest
 
 from ftplan.core.hardware import find_gpu
 from ftplan.core.paths import calibrations_dir
-from ftplan.core.records import read_records
+from ftplan.store.records import read_records
 from ftplan.models.fitset import fit_records
 from ftplan.models.predictor import Predictor
 from ftplan.models.safe_batch import (

@@ -4,13 +4,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ftplan.cli.plots import plot_scaling
 from ftplan.core.errors import FtplanError
 from ftplan.models.communication import Links, links_from_catalog
-from ftplan.planner.scaling import (
+from ftplan.models.scaling import (
     choose_gpu_count,
     node_layout,
     parse_gpu_counts,
-    plot_scaling,
     scaling_table,
     with_eta,
 )

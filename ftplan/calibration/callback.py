@@ -44,7 +44,7 @@ from ftplan.calibration.trainer_setting import run_architecture, setting_fields
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import find_gpu
 from ftplan.core.paths import calibrations_dir
-from ftplan.core.records import append_record, build_record, read_records
+from ftplan.store.records import append_record, build_record, read_records
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.fit import fit_groups

@@ -31,7 +31,7 @@ import pandas as pd
 
 from ftplan.calibration import launcher
 from ftplan.core.errors import FtplanError
-from ftplan.core.records import SCHEMA_VERSION, append_record
+from ftplan.store.records import SCHEMA_VERSION, append_record
 from ftplan.core.units import GB
 from ftplan.models.communication import COLLECTIVE_BASE_LATENCY_S
 

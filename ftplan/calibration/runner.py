@@ -23,7 +23,7 @@ from ftplan.calibration.ladder import LadderStep, next_step, remaining_estimate
 from ftplan.calibration.verify import next_verify_batch
 from ftplan.calibration.launcher import TrialOutcome, TrialSpec, run_trial
 from ftplan.core.architecture import load_architecture
-from ftplan.core.records import (
+from ftplan.store.records import (
     RecordWarning,
     append_record,
     build_record,

@@ -18,8 +18,17 @@ from ftplan.core.errors import FtplanError
 # or DeepSpeed's fp32 master copy); bf16-pure: the model loaded in bf16 (`torch_dtype=torch.bfloat16`)
 # and trained as is, so weights, gradients and AdamW moments are all bf16 (no master copy).
 PRECISIONS = ("bf16", "bf16-pure", "fp16", "fp32")
+# How the collator shapes a micro-batch, which decides the attention path (see ftplan/core/recipe.py):
+# none: rows of exactly seq_len and no padding (no mask reaches attention; the trial's rows before recipes);
+# max_length / longest: DataCollatorForSeq2Seq padding, whose padding mask sends SDPA down the masked path;
+# packed: DataCollatorWithFlattening, one padding-free row whose position_ids mark the samples.
+PADDINGS = ("none", "max_length", "longest", "packed")
+ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
 ZERO_STAGES = (0, 1, 2, 3)
-INTEGER_FIELDS = ("seq_len", "zero_stage", "lora_rank", "gpus", "nodes")
+INTEGER_FIELDS = ("seq_len", "zero_stage", "lora_rank", "gpus", "nodes", "pad_to_multiple_of")
+# Fields added after records were first written: at their default they stay out of key(), so every old
+# record (which measured exactly that default) keeps its setting key and resumes as before.
+LATER_FIELDS = {"attention": "sdpa", "padding": "none", "pad_to_multiple_of": 0}
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,9 @@ class Setting:
     gpus: int = 1
     nodes: int = 1
     alloc_conf: str = ""
+    attention: str = "sdpa"
+    padding: str = "none"
+    pad_to_multiple_of: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
@@ -58,12 +70,26 @@ class Setting:
             raise FtplanError("optimizer offload needs DeepSpeed ZeRO (stage 1-3)")
         if self.lora_rank < 0:
             raise FtplanError(f"LoRA rank must be >= 0, got {self.lora_rank}")
+        if self.padding not in PADDINGS:
+            raise FtplanError(f"padding must be one of {', '.join(PADDINGS)}, got '{self.padding}'")
+        if self.attention not in ATTENTIONS:
+            raise FtplanError(f"attention must be one of {', '.join(ATTENTIONS)}, got '{self.attention}'")
+        if self.pad_to_multiple_of < 0:
+            raise FtplanError(f"pad_to_multiple_of must be >= 0, got {self.pad_to_multiple_of}")
         if self.gpus <= 0 or self.nodes <= 0:
             raise FtplanError(f"GPU and node counts must be positive, got gpus={self.gpus} nodes={self.nodes}")
 
     @property
     def world_size(self) -> int:
         return self.gpus * self.nodes
+
+    @property
+    def masked(self) -> bool:
+        """Whether attention gets a mask: padded batches carry one, and transformers builds a block mask from a
+        packed row's position_ids for SDPA and eager (flash-attention 2 runs packed rows as varlen, unmasked)."""
+        if self.padding == "packed":
+            return self.attention != "flash_attention_2"
+        return self.padding != "none"
 
     @property
     def uses_deepspeed(self) -> bool:
@@ -82,7 +108,8 @@ class Setting:
 
     def key(self) -> str:
         """Stable id of the setting, used to group records and to resume calibrations."""
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+        data = {k: v for k, v in self.to_dict().items() if LATER_FIELDS.get(k, object()) != v}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     def label(self) -> str:
         """Short human-readable name, e.g. 'zero2+offload liger lora16 gc s2048'."""
@@ -92,6 +119,8 @@ class Setting:
         parts.append("gc" if self.gradient_checkpointing else "")
         parts.append(f"s{self.seq_len}")
         parts.append(self.precision if self.precision != "bf16" else "")
+        parts.append({"max_length": "padded", "longest": "dynpad", "packed": "packed"}.get(self.padding, ""))
+        parts.append(self.attention if self.attention != "sdpa" else "")
         if self.world_size > 1:
             parts.append(f"{self.gpus}x{self.nodes}gpu" if self.nodes > 1 else f"{self.gpus}gpu")
         return " ".join(p for p in parts if p)

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from ftplan.core.architecture import cached_architecture, load_architecture
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
+from ftplan.models.eta import format_duration
 from ftplan.models.host_memory import host_bytes_per_node
 from ftplan.models.prediction import (
     SOURCE_EXTRAPOLATED,
     SOURCE_PRIOR,
 )
-from ftplan.planner.eta import format_duration
 from ftplan.planner.search import NEAR_TIE, Plan, PlanRequest, SetupPlan
 
 

@@ -24,14 +24,13 @@ from ftplan.core.hardware import find_gpu, load_catalog
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.communication import Links, describe_layout, estimate_overlap
+from ftplan.models.eta import check_samples
 from ftplan.models.prediction import Prediction
-from ftplan.planner.commands.options import DEFAULT_GPUS_PER_NODE
+from ftplan.models.scaling import DEFAULT_GPUS_PER_NODE, node_layout, parse_gpu_counts, with_step_time_cv
+from ftplan.planner.as_data import plan_to_dict, scaling_to_dict
 from ftplan.planner.dataset_plan import DatasetOptions, DatasetPlan, dataset_plan_to_dict, plan_dataset_file
-from ftplan.planner.eta import check_samples
 from ftplan.planner.gpu_counts import ScalingPlan, plan_gpu_counts
 from ftplan.planner.inputs import Evidence, load_evidence
-from ftplan.planner.render import plan_to_dict, scaling_to_dict
-from ftplan.planner.scaling import node_layout, parse_gpu_counts, with_step_time_cv
 from ftplan.planner.search import DEFAULT_LORA_RANKS, Plan, PlanRequest, SetupPlan, make_plan
 
 

@@ -1,4 +1,4 @@
-"""Token lengths of a local training dataset: the input of dataset-aware planning (ftplan.planner.batching).
+"""Token lengths of a local training dataset: the input of dataset-aware planning (ftplan.models.batching).
 
 Reads JSONL, JSON, CSV, Parquet or a Hugging Face `save_to_disk` folder (Parquet and the folder need
 pyarrow), takes a text field (or TRL's prompt + completion, or a chat `messages` list, whose contents are

@@ -19,7 +19,7 @@ import numpy as np
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import CPU
 from ftplan.core.settings import Setting
-from ftplan.planner.batching import (
+from ftplan.models.batching import (
     DEFAULT_CONFIDENCE,
     Batching,
     LengthStats,
@@ -29,8 +29,8 @@ from ftplan.planner.batching import (
     saturating_batch,
     split_global_batch,
 )
+from ftplan.models.eta import MAX_STEPS, Eta
 from ftplan.planner.dataset import CHARS_PER_TOKEN, DatasetLengths, load_lengths
-from ftplan.planner.eta import MAX_STEPS, Eta
 from ftplan.planner.search import Plan, PlanRequest, Predictor, SetupPlan, make_plan
 
 # Batchings whose padded shape changes from step to step. On a GPU such shapes fragment PyTorch's caching

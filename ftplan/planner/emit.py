@@ -17,6 +17,7 @@ from pathlib import Path
 from ftplan.calibration.deepspeed_config import deepspeed_config
 from ftplan.core.errors import FtplanError
 from ftplan.core.settings import Setting
+from ftplan.models.eta import format_duration
 from ftplan.planner.dataset_plan import ALLOC_CONF_DOC, DatasetPlan
 from ftplan.planner.emit_batching import (
     PlannedBatch,
@@ -26,7 +27,6 @@ from ftplan.planner.emit_batching import (
     sampler_args,
     training_args_py,
 )
-from ftplan.planner.eta import format_duration
 from ftplan.planner.search import PlanRequest, SetupPlan
 
 DS_CONFIG = "ds_config.json"

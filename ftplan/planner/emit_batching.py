@@ -5,7 +5,7 @@ TrainingArguments cannot carry a collator or a tokenizer's truncation, yet they 
 the plan's memory rests on, so the script builds both: dynamic padding and group_by_length pad each
 micro-batch to its own longest sample (DataCollatorForSeq2Seq, which pads labels with -100), pad pads
 every sample to the planned length, and packing is TRL's best-fit decreasing (`packing_strategy="bfd"`),
-the packing ftplan.planner.batching.pack_rows models.
+the packing ftplan.models.batching.pack_rows models.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class PlannedBatch:
 
     micro_batch: int
     accumulation: int
-    strategy: str        # pad, dynamic, group or pack (ftplan.planner.batching.STRATEGIES)
+    strategy: str        # pad, dynamic, group or pack (ftplan.models.batching.STRATEGIES)
     length: int          # the longest micro-batch's padded length: the sample length padded to, or the packed row
     limit: int | None    # samples over it are truncated or dropped; None when no sample is over
     too_long: str

@@ -4,7 +4,7 @@ Each count is a whole setup search (ftplan.planner.search) at that world size, n
 --gpus-per-node, so per-GPU memory follows ZeRO partitioning and time follows the communication
 model inside models.Predictor. Speed-up is against the best setup of the same training kind on one
 GPU; it can exceed the GPU count when partitioning lets a larger batch or a setup without offload
-fit (ZeRO's "superlinear" case). The count itself is chosen by ftplan.planner.scaling.choose_gpu_count:
+fit (ZeRO's "superlinear" case). The count itself is chosen by ftplan.models.scaling.choose_gpu_count:
 least cost within --max-hours, else the first to finish.
 """
 
@@ -17,8 +17,8 @@ import pandas as pd
 
 from ftplan.core.errors import FtplanError
 from ftplan.core.units import GIB
-from ftplan.planner.eta import format_duration
-from ftplan.planner.scaling import choose_gpu_count, node_layout
+from ftplan.models.eta import format_duration
+from ftplan.models.scaling import choose_gpu_count, node_layout
 from ftplan.planner.search import Plan, PlanRequest, Predictor, SetupPlan, make_plan
 
 KINDS = {"full": "full fine-tuning", "lora": "LoRA"}

@@ -1,23 +1,19 @@
-"""What plan, eta and report read from the user: the GPU, the memory budget, the links, and the calibrations.
+"""The evidence a plan rests on: the calibration records read, the GPU catalog, the memory budget and the links.
 
-Shared so the commands state the same defaults and fail on bad input with the same one line.
+Shared so the commands and the Python API state the same defaults and fail on bad input with the same one line.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
-import click
-
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import GpuSpec, find_gpu, load_catalog
 from ftplan.core.paths import calibrations_dir
-from ftplan.core.records import RecordWarning, printable, read_records
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.communication import (
@@ -28,68 +24,13 @@ from ftplan.models.communication import (
     parse_bandwidth,
 )
 from ftplan.models.prior import unmodelled
-from ftplan.models.safe_batch import DEFAULT_CONTEXT_RESERVE_GIB, MemoryBudget
-from ftplan.planner.search import DEFAULT_SAFETY_MARGIN
+from ftplan.models.safe_batch import MemoryBudget
+from ftplan.store.records import RecordWarning, printable, read_records
 
 USER_CALIBRATIONS = Path("calibrations")  # where `ftplan calibrate` and the Trainer callback write by default
 TRAINER_SOURCE = "trainer_callback"
 DEFAULT_INTER_NODE_LINK = "cloud"
 FALLBACK_INTRA_NODE_LINK = "pcie4-x16"  # a card whose specs name no known interconnect
-
-
-class FiniteFloat(click.FloatRange):
-    """A real number: click's float takes 'nan' and 'inf', which no option means and the arithmetic cannot use."""
-
-    name = "float"  # `--epochs FLOAT` in help, not FLOAT RANGE
-
-    def _describe_range(self) -> str:
-        """No bounds, nothing to say: click would print `[x<=None]`."""
-        return "" if self.min is None and self.max is None else super()._describe_range()
-
-    def convert(self, value, param, ctx) -> float:
-        number = click.FLOAT.convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number.", param, ctx)
-        return super().convert(number, param, ctx)
-
-
-FINITE_FLOAT = FiniteFloat()
-MAX_CONTEXT_RESERVE_GIB = 1024  # more than any card holds
-
-
-def gpu_options(command: Callable) -> Callable:
-    """--gpu NAME and --gpu-specs FILE."""
-    command = click.option("--gpu-specs", type=click.Path(path_type=Path), default=None,
-                           help="CSV of GPU specs (columns as in `ftplan gpus`) overriding or extending the catalog.")(command)
-    return click.option("--gpu", "gpu_name", required=True, help="GPU model, e.g. H200 (see `ftplan gpus`).")(command)
-
-
-def budget_options(command: Callable) -> Callable:
-    """--safety-margin and --context-reserve-gib: the policy that turns capacity into usable memory."""
-    command = click.option("--context-reserve-gib", type=FiniteFloat(0, MAX_CONTEXT_RESERVE_GIB),
-                           default=DEFAULT_CONTEXT_RESERVE_GIB, show_default=True,
-                           help="GiB kept for the CUDA context and NCCL buffers on top of the margin "
-                                "(torch's reserved bytes omit them).")(command)
-    return click.option("--safety-margin", type=FINITE_FLOAT, default=None,
-                        help="Fraction of capacity kept free, above predicted bounds and measured peaks alike.  "
-                             f"[default: {DEFAULT_SAFETY_MARGIN:.0%}]")(command)
-
-
-def link_options(command: Callable) -> Callable:
-    """--intra-node-bandwidth and --inter-node-bandwidth: the links the communication model prices."""
-    command = click.option("--inter-node-bandwidth", default=None,
-                           help="Between nodes, per node: e.g. 600MB/s, 25Gbit/s, 0.6 (GB/s) or a link name "
-                                "(cloud, 100gbe, ib-ndr, ...). Default: a measured network calibration, else "
-                                f"'{DEFAULT_INTER_NODE_LINK}' (data/networks.csv).")(command)
-    return click.option("--intra-node-bandwidth", default=None,
-                        help="Between the GPUs of one node, same forms. Default: a measured network calibration, "
-                             "else the GPU's interconnect from the catalog.")(command)
-
-
-def calibrations_option(command: Callable) -> Callable:
-    return click.option("--calibrations", multiple=True, type=click.Path(path_type=Path),
-                        help="Calibration JSONL file or folder (repeatable); default: the calibrations shipped in "
-                             f"data/ plus ./{USER_CALIBRATIONS}/ when it exists.")(command)
 
 
 @dataclass(frozen=True)
@@ -117,7 +58,7 @@ class Evidence:
     @cached_property
     def predictor(self):
         """The fitted predictor (from the content-keyed cache), with each GPU's catalog links."""
-        from ftplan.planner.fit_cache import cached_predictor  # imported late: `ftplan gpus` and `--help` fit nothing
+        from ftplan.store.fit_cache import cached_predictor  # imported late: `ftplan gpus` and `--help` fit nothing
         return cached_predictor(self.records, self.catalog)
 
     @property

@@ -17,6 +17,7 @@ from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import CPU, GpuSpec
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
+from ftplan.models.eta import Eta, estimate_eta, largest_micro_batch
 from ftplan.models.fit import MAX_BATCH, SAFETY_MARGIN, TIME_FLOOR
 from ftplan.models.host_memory import host_bytes_per_node, usable_host_bytes
 from ftplan.models.prediction import (
@@ -26,7 +27,6 @@ from ftplan.models.prediction import (
     Prediction,
 )
 from ftplan.models.safe_batch import MemoryBudget, is_safe, largest_safe_batch
-from ftplan.planner.eta import Eta, estimate_eta, largest_micro_batch
 
 TRAINING_KINDS = ("any", "full", "lora")
 RANK_BY = ("time", "cost")

@@ -1,0 +1,5 @@
+"""`python -m ftplan.cli` runs the ftplan CLI (for machines where the console script is not installed)."""
+
+from ftplan.cli.main import main
+
+main()

@@ -1,0 +1,275 @@
+"""`ftplan calibrate`: measure real short fine-tunes at a ladder of batch sizes, resumably.
+
+A thin layer over ftplan.calibration.runner: it turns options into the cartesian product of settings and
+draws progress. torch is imported only by the trial subprocesses, never here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shlex
+import signal
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from ftplan.calibration import launcher, measure
+from ftplan.calibration.extra import extra_problem
+from ftplan.calibration.ladder import LadderStep
+from ftplan.calibration.runner import CalibrationPlan, CalibrationProgress, calibrate, pinned_machine_id
+from ftplan.cli.commands.dataset_options import check_dataset_options, dataset_options
+from ftplan.cli.commands.options import positive_int_list
+from ftplan.core.architecture import ALL_LINEAR_TARGETS, load_architecture
+from ftplan.core.errors import FtplanError
+from ftplan.core.settings import PRECISIONS, Setting
+from ftplan.core.units import GIB
+from ftplan.planner.dataset import CHARS_PER_TOKEN, load_lengths
+from ftplan.planner.dataset_plan import calibration_length
+from ftplan.store.records import open_store
+
+# Three small batches fix the lines of the phases they sit in; the verify trials then test the plan
+# itself: on the shipped ladders a safe, median-exact largest batch in about five trials
+# (`python benchmarks/accuracy.py`, "3 points + verify"), where a full ladder took ten or more.
+QUICK_BATCH_SIZES = (1, 2, 4)
+DEFAULT_MAX_BATCH = {"cuda": 1024, "cpu": 4}  # a CPU never runs out of memory before swapping, so stop early
+# A CPU calibration should take minutes: 256 tokens in fp32, the Trainer's own default off a GPU. bf16 on a
+# CPU without bf16 units ran tiny-llama 30x slower (3.7 s/step against 0.1 at 256 tokens, batch 1).
+DEFAULT_SEQ_LEN = {"cuda": 2048, "cpu": 256}
+DEFAULT_PRECISION = {"cuda": "bf16", "cpu": "fp32"}
+SWITCH = click.Choice(["on", "off", "both"])
+
+
+def _split_targets(_ctx, _param, value: str) -> tuple[str, ...]:
+    """Unknown module names are left to Architecture.lora_params, which names them per model."""
+    return tuple(t.strip() for t in value.split(",") if t.strip())
+
+
+def _switch(value: str) -> tuple[bool, ...]:
+    return {"on": (True,), "off": (False,), "both": (False, True)}[value]
+
+
+@click.command("calibrate")
+@click.option("--model", "models", multiple=True, required=True,
+              help="Architecture id (see `ftplan models`) or a path to a config.json; repeatable.")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
+              help="Train on the GPU(s), or on this machine's CPU (no GPU needed; defaults chosen to finish in "
+                   "minutes, and `ftplan plan --gpu cpu` plans from it).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="JSONL file to append to (and resume from).  [default: calibrations/<machine>.jsonl]")
+@click.option("--machine", default=None,
+              help="Machine id stored in every record.  [default: $FTPLAN_MACHINE_ID, else the one --out's records "
+                   "carry, else the host name]")
+@click.option("--seq-len", "seq_lens", type=click.IntRange(min=1), multiple=True,
+              help="Tokens per sample; repeatable. With --dataset: the longest a sample may be.  "
+                   "[default: 2048 on cuda, 256 on cpu; with --dataset, its longest sample]")
+@dataset_options
+@click.option("--zero-stage", "zero_stages", type=click.IntRange(0, 3), multiple=True, default=(0,), show_default=True,
+              help="DeepSpeed ZeRO stage, 0 = no DeepSpeed; repeatable.")
+@click.option("--offload", type=SWITCH, default="off", show_default=True, help="Optimizer offload to CPU (needs ZeRO).")
+@click.option("--liger", type=SWITCH, default="off", show_default=True, help="Liger Kernel.")
+@click.option("--gradient-checkpointing", type=SWITCH, default="off", show_default=True,
+              help="Recompute activations during backward (less memory, more compute).")
+@click.option("--lora-rank", "lora_ranks", type=click.IntRange(min=0), multiple=True, default=(0,), show_default=True,
+              help="LoRA rank, 0 = full fine-tuning; repeatable.")
+@click.option("--lora-targets", default=",".join(ALL_LINEAR_TARGETS), show_default=True, callback=_split_targets,
+              help="Comma-separated module names LoRA adapts.")
+@click.option("--precision", type=click.Choice(PRECISIONS), default=None,
+              help="Precision of training: bf16 mixed precision, bf16-pure (model loaded in bf16), fp16 or fp32.  "
+                   "[default: bf16 on cuda; fp32 on cpu, which trains fastest without bf16 units]")
+@click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs (ranks) per trial.")
+@click.option("--batch-sizes", callback=positive_int_list("batch sizes"), default=None,
+              help="Comma-separated micro-batches to run.  [default on cuda: 1,2,4 then --verify]")
+@click.option("--max-batch", type=click.IntRange(min=1), default=None,
+              help="Run the full ladder instead: double until OOM (or this batch), then bisect to the exact "
+                   "largest batch.  [default on cpu: 4]")
+@click.option("--verify/--no-verify", default=None,
+              help="After the listed batches, run the batch the planner would recommend, bisecting down if it "
+                   "runs out of memory (at most 3 trials).  [default: on with the default batch sizes]")
+@click.option("--steps", type=click.IntRange(min=1), default=4, show_default=True, help="Measured steps per trial.")
+@click.option("--warmup-steps", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Fewest untimed steps first; warm-up then goes on until a step takes within 10% of the one "
+                   "before (at most 12 steps). 0: time from the first step.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=900.0, show_default=True,
+              help="Seconds before a trial is ended as an error.")
+@click.option("--alloc-conf", envvar="PYTORCH_CUDA_ALLOC_CONF", default="", show_default=False,
+              help="PYTORCH_CUDA_ALLOC_CONF for the trials (part of the setting).  [default: $PYTORCH_CUDA_ALLOC_CONF]")
+@click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Keep every rank's log here (by default logs are deleted; failures quote their last line).")
+@click.pass_context
+def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path | None, machine: str | None,
+            seq_lens: tuple[int, ...], dataset: Path | None, text_field: str | None, ids_field: str | None,
+            tokenizer: Path | None, chars_per_token: float | None, too_long: str,
+            zero_stages: tuple[int, ...], offload: str, liger: str,
+            gradient_checkpointing: str, lora_ranks: tuple[int, ...], lora_targets: tuple[str, ...],
+            precision: str | None,
+            gpus: int,
+            batch_sizes: tuple[int, ...] | None, max_batch: int | None, verify: bool | None, steps: int, warmup_steps: int,
+            timeout: float, alloc_conf: str, log_dir: Path | None) -> None:
+    """Run short real fine-tunes of every combination of the options, at a ladder of batch sizes.
+
+    Each trial runs in its own processes under a watchdog; every finished trial is appended at once,
+    and re-running the same command skips what is already recorded.
+    """
+    check_dataset_options(ctx.params)
+    console = Console(soft_wrap=True)
+    if dataset is not None:
+        seq_lens = (dataset_seq_len(dataset, text_field, ids_field, tokenizer, chars_per_token, seq_lens, too_long,
+                                    console),)
+    seq_lens = seq_lens or (DEFAULT_SEQ_LEN[device],)
+    precision = precision or DEFAULT_PRECISION[device]
+    ctx.params.update(seq_lens=seq_lens, precision=precision)  # the command line kept in every record names them
+    settings = expand_settings(models, seq_lens, zero_stages, _switch(offload), _switch(liger),
+                               _switch(gradient_checkpointing), lora_ranks, lora_targets, precision, gpus, alloc_conf)
+    if launcher.TRIAL_COMMAND == launcher.REAL_TRIAL_COMMAND:  # a stand-in trial (tests) needs no GPU
+        settings = runnable_here(settings, device)
+    out = out or measure.default_records_path()
+    _check_writable(out)  # before reading it: a symlink or a user's own file is refused unread
+    machine = machine or measure.machine_id(pinned_machine_id(out))
+    quick = device == "cuda" and batch_sizes is None and max_batch is None
+    plan = CalibrationPlan(out=out, device=device, steps=steps, verify=quick if verify is None else verify,
+                           warmup_steps=warmup_steps, timeout=timeout,
+                           max_batch=max_batch or DEFAULT_MAX_BATCH[device],
+                           batch_sizes=QUICK_BATCH_SIZES if quick else batch_sizes,
+                           machine_id=machine, command=_command_line(ctx), log_dir=log_dir)
+    console.print(f"calibrating {len(settings)} setting(s) on {device}, appending to {plan.out}")
+    with _sigterm_as_interrupt(), RichProgress(console) as progress:
+        records = calibrate(settings, plan, progress)
+    console.print(f"{len(records)} new record(s) in {plan.out}")
+
+
+def dataset_seq_len(dataset: Path, text_field: str | None, ids_field: str | None, tokenizer: Path | None,
+                    chars_per_token: float | None, seq_lens: tuple[int, ...], too_long: str, console: Console) -> int:
+    """The dataset's longest sample (capped by one --seq-len), printed with the length distribution it comes from."""
+    if len(seq_lens) > 1:
+        raise click.UsageError("with --dataset, calibration runs at its longest sample; give at most one --seq-len, "
+                               "the longest a sample may be")
+    read = load_lengths(dataset, text_field, ids_field, tokenizer, chars_per_token or CHARS_PER_TOKEN)
+    length, lines = calibration_length(read, seq_lens[0] if seq_lens else None, too_long)
+    for line in lines:
+        console.print(line)
+    return length
+
+
+def expand_settings(models, seq_lens, zero_stages, offloads, ligers, checkpointings, lora_ranks, lora_targets,
+                    precision, gpus, alloc_conf) -> list[Setting]:
+    """The cartesian product of the options; offload is only combined with ZeRO stages that support it."""
+    if offloads == (True,) and 0 in zero_stages:
+        raise FtplanError("--offload on needs DeepSpeed ZeRO: use --zero-stage 1-3 (or --offload both)")
+    if lora_targets != ALL_LINEAR_TARGETS and not any(lora_ranks):
+        raise FtplanError("--lora-targets needs a --lora-rank above 0")
+    for model in models:
+        arch = load_architecture(model)
+        for rank in {r for r in lora_ranks if r}:
+            arch.lora_params(rank, lora_targets)  # names unknown modules in one line
+    settings = []
+    for model, seq_len, zero, off, lig, gc, rank in itertools.product(
+            models, seq_lens, zero_stages, offloads, ligers, checkpointings, lora_ranks):
+        if off and zero == 0:
+            continue
+        settings.append(Setting(model=model, seq_len=seq_len, zero_stage=zero, offload_optimizer=off, liger=lig,
+                                gradient_checkpointing=gc, lora_rank=rank,
+                                lora_targets=lora_targets if rank else ALL_LINEAR_TARGETS,
+                                precision=precision, gpus=gpus, alloc_conf=alloc_conf))
+    return list(dict.fromkeys(settings))
+
+
+def runnable_here(settings: list[Setting], device: str) -> list[Setting]:
+    """The settings the real trial can run on this device; the others are skipped with a warning, before
+    an hour of trials rather than as error records after it. FtplanError when none can run."""
+    if problem := extra_problem("ftplan calibrate"):
+        raise FtplanError(problem)
+    if device == "cuda" and (problem := launcher.cuda_problem()):
+        raise FtplanError(problem)
+    problems = {setting: launcher.setting_problem(setting, device) for setting in settings}
+    runnable = [setting for setting, problem in problems.items() if problem is None]
+    if not runnable:
+        raise FtplanError(f"nothing to calibrate on {device}: {problems[settings[0]]}")
+    for setting, problem in problems.items():
+        if problem is not None:
+            warnings.warn(f"{setting.model} {setting.label()} skipped: {problem}", UserWarning, stacklevel=2)
+    return runnable
+
+
+def _check_writable(out: Path) -> None:
+    """Fail now, not after the first hour of trials."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FtplanError(f"cannot write calibration file {out}: {exc.strerror}") from None
+    os.close(open_store(out))
+
+
+def _command_line(ctx: click.Context) -> str:
+    """The command as it could be typed again, rebuilt from the parsed options (kept in every record)."""
+    words = ["ftplan", "calibrate"]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if value is None or value == "":
+            continue
+        flag = param.opts[0]
+        for item in value if param.multiple else [value]:
+            words += [flag, ",".join(map(str, item)) if isinstance(item, tuple) else str(item)]
+    return shlex.join(words)
+
+
+@contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM ends the run like Ctrl-C, so the running trial's ranks are ended too, not orphaned."""
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class RichProgress(CalibrationProgress):
+    """Draws trial i of n, the current setting and batch, elapsed time, and one line per result."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=console, transient=True)
+        self.task = self.bar.add_task("starting", total=None)
+
+    def __enter__(self) -> RichProgress:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)
+
+    def trial_started(self, index: int, total: int, setting: Setting, batch: int) -> None:
+        self.bar.update(self.task, description=f"{setting.model} {setting.label()} batch {batch}",
+                        completed=index - 1, total=total)
+
+    def trial_finished(self, record: dict) -> None:
+        self.bar.advance(self.task)
+        self.console.print(describe_record(record))
+
+    def setting_finished(self, setting: Setting, step: LadderStep) -> None:
+        self.console.print(f"  {setting.model} {setting.label()}: {step.reason}")
+
+
+def describe_record(record: dict) -> str:
+    """One line per finished trial: status, setting, batch, peak memory, speed, trial time."""
+    head = f"{record['status']:<5} {record['model']} {Setting.from_dict(record).label()} batch {record['micro_batch']}"
+    if record["status"] != "ok":
+        return f"{head}: {record['message']} ({record['trial_seconds']:.0f} s)"
+    return (f"{head}: peak {record['peak_allocated_bytes'] / GIB:.2f} GiB allocated, "
+            f"{record['peak_reserved_bytes'] / GIB:.2f} GiB reserved, {record['seconds_per_step']:.3f} s/step "
+            f"({record['trial_seconds']:.0f} s)")

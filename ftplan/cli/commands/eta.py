@@ -1,0 +1,87 @@
+"""`ftplan eta`: steps, time to completion, cost and the memory verdict for one fully specified run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ftplan.cli.commands.input_options import (
+    FINITE_FLOAT,
+    budget_options,
+    calibrations_option,
+    gpu_options,
+    link_options,
+)
+from ftplan.cli.commands.options import setting_from_options, setting_options, step_time_cv_option
+from ftplan.cli.commands.plan import host_memory_option
+from ftplan.cli.render import eta_lines, host_line
+from ftplan.core.architecture import load_architecture
+from ftplan.core.hardware import find_gpu, load_catalog
+from ftplan.core.units import GIB
+from ftplan.models.communication import describe_layout
+from ftplan.models.eta import estimate_eta
+from ftplan.models.host_memory import host_bytes_per_node, usable_host_bytes
+from ftplan.models.scaling import with_step_time_cv
+from ftplan.planner.as_data import eta_to_dict, prediction_to_dict
+from ftplan.planner.inputs import load_evidence
+from ftplan.planner.search import fits_budget
+
+
+@click.command("eta")
+@setting_options
+@click.option("--batch-size", type=int, required=True, help="Micro-batch per GPU.")
+@click.option("--dataset-size", type=int, required=True, help="Training samples per epoch.")
+@click.option("--epochs", type=FINITE_FLOAT, default=1.0, show_default=True,
+              help="Passes over the dataset (fractions allowed).")
+@click.option("--price-per-hour", type=FINITE_FLOAT, default=None, help="Price per GPU-hour; cost = hours × price × GPUs.")
+@gpu_options
+@link_options
+@step_time_cv_option
+@budget_options
+@host_memory_option
+@calibrations_option
+@click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON.")
+def command(batch_size: int, dataset_size: int, epochs: float, price_per_hour: float | None, gpu_name: str,
+            gpu_specs: Path | None, intra_node_bandwidth: str | None,
+            inter_node_bandwidth: str | None, step_time_cv: float | None, safety_margin: float | None,
+            context_reserve_gib: float, host_memory_gib: float | None,
+            calibrations: tuple[Path, ...], as_json: bool, **options) -> None:
+    """How long one configuration takes to finish, what it costs, and whether it fits in memory."""
+    from ftplan.core.errors import FtplanError
+
+    setting = setting_from_options(options)
+    if batch_size <= 0:
+        raise FtplanError(f"batch size must be positive, got {batch_size}")
+    if price_per_hour is not None and price_per_hour <= 0:
+        raise FtplanError(f"price per hour must be positive, got {price_per_hour}")
+    host_bytes = host_bytes_per_node(load_architecture(setting.model), setting)
+    catalog = load_catalog(gpu_specs)
+    gpu = find_gpu(gpu_name, catalog)
+    evidence = load_evidence(calibrations, catalog)
+    budget = evidence.budget(gpu, safety_margin, context_reserve_gib)
+    host_enough = host_memory_gib is None or host_bytes <= usable_host_bytes(host_memory_gib, budget.margin)
+    links, links_text = evidence.links(gpu, intra_node_bandwidth, inter_node_bandwidth)
+    links, spread_text = with_step_time_cv(links, step_time_cv, evidence.records)
+    layout = {"gpus": setting.world_size, "gpus_per_node": setting.gpus, "nodes": setting.nodes,
+              "description": describe_layout(setting.gpus, setting.nodes)}
+    prediction = evidence.predictor_with(links).predict(setting, batch_size, gpu)
+    eta = estimate_eta(prediction.seconds_per_step.mean, dataset_size, epochs, batch_size, setting.world_size,
+                       price_per_hour)
+    fits = fits_budget(prediction, budget) and host_enough
+    if as_json:
+        click.echo(json.dumps({"setting": setting.to_dict(), "gpu": gpu.name, "fits": fits,
+                               "host_gib_per_node": host_bytes / GIB, "host_memory_gib": host_memory_gib,
+                               "host_memory_enough": host_enough,
+                               "usable_gib": budget.usable_bytes / GIB, "eta": eta_to_dict(eta), "layout": layout,
+                               "prediction": prediction_to_dict(prediction)}, indent=2))
+        return
+    click.echo(f"{setting.label()} on {setting.world_size} x {gpu.name}, batch {batch_size} per GPU, "
+               f"{dataset_size:,} samples x {epochs:g} epochs")
+    click.echo(f"  layout: {layout['description']}")
+    if setting.world_size > 1:
+        click.echo(f"  {links_text} {spread_text}")
+    host = host_line(host_bytes, host_memory_gib, host_enough)
+    for line in eta_lines(prediction, eta, budget) + ([host] if host else []):
+        click.echo(f"  {line}")

@@ -1,0 +1,90 @@
+"""`ftplan fit`: calibration records in, fits.json out, and a table of how well each setting fits."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from ftplan.cli.render import COMPACT, make_console, print_table
+from ftplan.core.errors import FtplanError
+from ftplan.core.settings import Setting
+from ftplan.core.units import GIB
+from ftplan.models.fitset import FitSet, fit_records
+from ftplan.planner.inputs import default_calibrations
+from ftplan.store.records import read_records
+
+
+@click.command("fit")
+@click.argument("records", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), default=Path("fits.json"), show_default=True,
+              help="Where to write the fits (JSON, with the records they came from).")
+def command(records: tuple[Path, ...], out: Path) -> None:
+    """Fit memory and time against batch size from calibration RECORDS (JSONL files or folders;
+    default: the calibrations shipped in data/ plus ./calibrations/ when it exists, as plan and predict read)."""
+    records_read = read_records(records or default_calibrations())
+    fits = fit_naming_models(records_read)
+    if not fits.fits:
+        raise FtplanError("no setting has two or more healthy batch sizes to fit")
+    try:
+        fits.save(out)
+    except OSError as exc:
+        raise FtplanError(f"cannot write fits file {out}: {exc.strerror}") from None
+    print_table(make_console(), fit_table(fits))
+    click.echo(f"wrote {len(fits.fits)} fit(s) to {out}")
+
+
+def fit_naming_models(records: list[dict]) -> FitSet:
+    """fit_records, with each warning about a setting that cannot be fitted led by its model's name:
+    the fitting code names the setting and card ("ddp full gc s2048 on NVIDIA H200"), which several
+    models share."""
+    models: dict[str, set[str]] = {}
+    for record in records:
+        label = f"{Setting.from_dict(record).label()} on {record.get('gpu_name')}"
+        models.setdefault(label, set()).add(str(record.get("model")))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fits = fit_records(records)
+    for warning in caught:
+        message = str(warning.message)
+        owners = next((names for label, names in models.items() if message.startswith(f"{label}:")), set())
+        prefix = f"{', '.join(sorted(owners))} " if owners else ""
+        warnings.warn_explicit(prefix + message, warning.category, warning.filename, warning.lineno)
+    return fits
+
+
+def fit_table(fits: FitSet) -> Table:
+    """One row per (setting, GPU, sequence length)."""
+    table = Table(title="Fits: peak allocated memory and seconds per step against micro-batch", **COMPACT)
+    for column in ("model", "setting", "GPU", "seq", "batches", "R² mem/\ntime", "GiB/\nsample", "s/\nsample",
+                   "wall", "largest\nok", "first\nOOM"):
+        wraps = column in ("setting", "GPU")
+        table.add_column(column, justify="left" if column in ("model", "setting", "GPU") else "right",
+                         no_wrap=not wraps, overflow="fold")
+    for fit in fits.fits:
+        for seq in fit.seq_lens:
+            batches = fit.calibrated_batches(seq)
+            setting = " ".join(w for w in [*fit.setting_at(seq).label().split(), fit.setting["alloc_conf"]]
+                               if w and w != f"s{seq}")
+            table.add_row(
+                fit.setting["model"], setting, fit.gpu_name.removeprefix("NVIDIA "), str(seq),
+                f"{batches[0]}-{batches[-1]}" if len(batches) > 1 else str(batches[0]),
+                f"{_number(fit.r2['memory'], '.3f')}/{_number(fit.r2['time'], '.3f')}",
+                _per_sample(fit, seq, lambda b: fit.peak_allocated(b, seq).mean / GIB, ".3f"),
+                _per_sample(fit, seq, lambda b: fit.seconds_per_step(b, seq).mean, ".4f"),
+                ",".join(map(str, fit.wall_batches(seq))) or "-",
+                _number(fit.largest_ok_batch(seq), "d"), _number(fit.smallest_oom_batch(seq), "d"))
+    return table
+
+
+def _per_sample(fit, seq: int, predict, spec: str) -> str:
+    """Slope at the top of the calibrated range: the one that decides how far the batch can grow."""
+    top = fit.calibrated_batches(seq)[-1]
+    return format(predict(top + 1) - predict(top), spec)
+
+
+def _number(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+

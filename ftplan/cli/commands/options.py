@@ -1,0 +1,99 @@
+"""The click options that describe a Setting, in one place so predict, eta and plan read them alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import click
+
+from ftplan.core.architecture import ALL_LINEAR_TARGETS
+from ftplan.core.errors import FtplanError
+from ftplan.core.settings import PRECISIONS, ZERO_STAGES, Setting
+from ftplan.models.scaling import DEFAULT_GPUS_PER_NODE, fixed_layout, node_layout
+
+
+def positive_int_list(what: str):
+    """A click callback turning '1,2,4' into positive ints (None stays None); `what` names them in errors."""
+    def parse(_ctx, _param, value: str | None) -> tuple[int, ...] | None:
+        if value is None:
+            return None
+        try:
+            numbers = tuple(int(v) for v in value.split(","))
+        except ValueError:
+            raise click.BadParameter(f"expected comma-separated integers, got '{value}'") from None
+        if any(n <= 0 for n in numbers):
+            raise click.BadParameter(f"{what} must be positive, got '{value}'")
+        return numbers
+    return parse
+
+
+def parse_targets(_ctx, _param, value: str) -> tuple[str, ...]:
+    targets = tuple(t.strip() for t in value.split(",") if t.strip())
+    unknown = sorted(set(targets) - set(ALL_LINEAR_TARGETS))
+    if not targets or unknown:
+        raise click.BadParameter(f"choose comma-separated modules from {','.join(ALL_LINEAR_TARGETS)}, got '{value}'")
+    return targets
+
+
+SETTING_OPTIONS = (
+    click.option("--model", required=True,
+                 help="Architecture id (see `ftplan models`), a config.json, or a local Hugging Face model folder."),
+    click.option("--seq-len", type=click.IntRange(min=1), default=2048, show_default=True, help="Tokens per sample (padded)."),
+    click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True,
+                 help="bf16: mixed precision with fp32 weights and optimizer states (Trainer's bf16=True); bf16-pure: "
+                      "the model loaded in bf16, 8 bytes a parameter instead of 16 (plain PyTorch, no ZeRO)."),
+    click.option("--zero-stage", type=click.Choice([str(s) for s in ZERO_STAGES]), default="0", show_default=True,
+                 help="DeepSpeed ZeRO stage; 0 means no DeepSpeed."),
+    click.option("--offload", is_flag=True, help="Offload optimizer states to the CPU (needs --zero-stage 1-3)."),
+    click.option("--liger", is_flag=True, help="Liger kernels with fused linear cross-entropy."),
+    click.option("--lora-rank", type=click.IntRange(min=0), default=0, show_default=True,
+                 help="LoRA adapter rank; 0 means full fine-tuning."),
+    click.option("--lora-targets", default=",".join(ALL_LINEAR_TARGETS), show_default=True, callback=parse_targets,
+                 help="Modules that get LoRA adapters."),
+    click.option("--gradient-checkpointing", is_flag=True,
+                 help="Recompute activations during backward: far less activation memory, about a third more compute."),
+    click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True,
+                 help="GPUs in all (as in `ftplan plan`), spread evenly over nodes of at most --gpus-per-node."),
+    click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
+                 help=f"Most GPUs one node holds; nodes talk over the inter-node link.  [default: {DEFAULT_GPUS_PER_NODE}]"),
+    click.option("--nodes", type=click.IntRange(min=1), default=None,
+                 help="Spread --gpus evenly over exactly this many nodes instead.  [default: as few as "
+                      "--gpus-per-node allows]"),
+    click.option("--alloc-conf", default="", help="PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True."),
+)
+
+
+step_time_cv_option = click.option(
+    "--step-time-cv", type=click.FloatRange(0, 10), default=None,
+    help="Spread of one GPU's step times (std / mean) on your cluster; every step waits for the slowest of the "
+         "ranks.  [default: the calibration records' own spread]")
+
+
+def setting_options(command: Callable) -> Callable:
+    """Add every Setting option to a click command; build the Setting with `setting_from_options`."""
+    for option in reversed(SETTING_OPTIONS):
+        command = option(command)
+    return command
+
+
+def layout_from_options(gpus: int, gpus_per_node: int | None, nodes: int | None) -> tuple[int, int]:
+    """(GPUs per node, nodes) for --gpus in all: over --nodes when given, else nodes of at most
+    --gpus-per-node (default 8) filled evenly."""
+    if nodes is None:
+        return node_layout(gpus, gpus_per_node or DEFAULT_GPUS_PER_NODE)
+    per_node, nodes = fixed_layout(gpus, nodes)
+    if gpus_per_node is not None and gpus_per_node != per_node:
+        raise FtplanError(f"--gpus {gpus} over --nodes {nodes} puts {per_node} GPUs on each node, not "
+                          f"--gpus-per-node {gpus_per_node}; give one of the two")
+    return per_node, nodes
+
+
+def setting_from_options(options: dict) -> Setting:
+    """The Setting the parsed options describe (raises FtplanError for impossible combinations).
+    Setting.gpus is GPUs per node, as in every record; --gpus is GPUs in all."""
+    per_node, nodes = layout_from_options(options["gpus"], options["gpus_per_node"], options["nodes"])
+    return Setting(model=options["model"], seq_len=options["seq_len"], precision=options["precision"],
+                   zero_stage=int(options["zero_stage"]), offload_optimizer=options["offload"], liger=options["liger"],
+                   lora_rank=options["lora_rank"], lora_targets=options["lora_targets"],
+                   gradient_checkpointing=options["gradient_checkpointing"], gpus=per_node,
+                   nodes=nodes, alloc_conf=options["alloc_conf"])

@@ -1,0 +1,135 @@
+"""`ftplan plan`: every setup ranked by time to completion (or cost), with a reasoned recommendation;
+over a range of GPU counts, the scaling of full and LoRA fine-tuning and the count to use."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from click.core import ParameterSource
+
+from ftplan.cli.commands.dataset_options import check_dataset_options, dataset_options
+from ftplan.cli.commands.input_options import (
+    FINITE_FLOAT,
+    budget_options,
+    calibrations_option,
+    gpu_options,
+    link_options,
+)
+from ftplan.cli.commands.options import positive_int_list, step_time_cv_option
+from ftplan.cli.render import (
+    make_console,
+    print_plan,
+    print_scaling,
+)
+from ftplan.core.errors import FtplanError
+from ftplan.core.settings import PRECISIONS
+from ftplan.models.batching import STRATEGIES
+from ftplan.models.scaling import DEFAULT_GPUS_PER_NODE
+from ftplan.planner import api
+from ftplan.planner.dataset_plan import DatasetOptions
+from ftplan.planner.search import DEFAULT_LORA_RANKS
+
+host_memory_option = click.option(
+    "--host-memory-gib", type=float, default=None,
+    help="Host RAM per node, GiB. Offload setups that need more (less the safety margin) are left out; "
+         "default: unknown, offload rows only show what they need.")
+
+
+@click.command("plan")
+@click.option("--model", required=True, help="Architecture id (see `ftplan models`) or a path to a config.json.")
+@click.option("--dataset-size", type=int, default=None, help="Training samples per epoch (needed without --dataset).")
+@click.option("--epochs", type=FINITE_FLOAT, default=1.0, show_default=True,
+              help="Passes over the dataset (fractions allowed).")
+@click.option("--seq-len", type=int, default=2048, show_default=True, help="Tokens per sample (padded).")
+@gpu_options
+@click.option("--gpus", default="1", show_default=True,
+              help="GPUs in all: a count (8), a list (1,2,4) or a doubling range (1..128); several counts add a "
+                   "scaling table and choose the count.")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=DEFAULT_GPUS_PER_NODE, show_default=True,
+              help="Most GPUs one node holds: each count is spread evenly over as few nodes as hold it, and the "
+                   "nodes talk over the inter-node link.")
+@step_time_cv_option
+@link_options
+@click.option("--price-per-hour", type=FINITE_FLOAT, default=None, help="Price per GPU-hour; cost = hours × price × GPUs.")
+@click.option("--max-hours", type=FINITE_FLOAT, default=None,
+              help="Leave out setups that take longer; with several GPU counts, choose the cheapest count that meets it.")
+@click.option("--by", type=click.Choice(["time", "cost"]), default="time", show_default=True, help="Rank by.")
+@click.option("--any", "training", flag_value="any", default=True, help="Recommend full fine-tuning or LoRA (default).")
+@click.option("--full", "training", flag_value="full", help="Recommend among full fine-tuning setups only.")
+@click.option("--lora", "training", flag_value="lora", help="Recommend among LoRA setups only.")
+@click.option("--lora-ranks", default=",".join(map(str, DEFAULT_LORA_RANKS)), show_default=True,
+              callback=positive_int_list("LoRA ranks"), help="LoRA ranks to consider.")
+@click.option("--precision", type=click.Choice(PRECISIONS), default=None,
+              help="Plan this precision regime only.  [default: rank bf16 mixed precision and pure bf16]")
+@budget_options
+@host_memory_option
+@calibrations_option
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option("--all", "show_all", is_flag=True,
+              help="List every setup that fits, not only the best of each family (full or LoRA, offload, Liger, "
+                   "checkpointing, precision).")
+@click.option("--emit", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write the recommended setup's ds_config.json, training_args.json, training_args.py (arguments "
+                   "and the batching's collator) and README.txt into this new or empty folder.")
+@click.option("--force", is_flag=True,
+              help="With --emit into a folder that is not empty: replace the files ftplan wrote there, keep the rest.")
+@dataset_options
+@click.option("--batching", "batching_strategy", type=click.Choice(STRATEGIES), default="dynamic", show_default=True,
+              help="With --dataset: pad every sample to the longest, dynamic padding in random order, "
+                   "group_by_length, or packing into rows of --pack-length.")
+@click.option("--pack-length", type=click.IntRange(min=1), default=None,
+              help="With --batching pack: tokens per packed row.  [default: --seq-len]")
+@click.option("--global-batch", type=click.IntRange(min=1), default=None,
+              help="With --dataset: samples (packed rows) per optimizer step; the plan splits it into micro-batch × "
+                   "gradient accumulation × GPUs.")
+def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name: str, gpu_specs: Path | None,
+            gpus: str, gpus_per_node: int, step_time_cv: float | None, intra_node_bandwidth: str | None,
+            inter_node_bandwidth: str | None, price_per_hour: float | None, max_hours: float | None, by: str, training: str,
+            lora_ranks: tuple[int, ...], precision: str | None, safety_margin: float | None, context_reserve_gib: float,
+            host_memory_gib: float | None, calibrations: tuple[Path, ...], as_json: bool, show_all: bool,
+            emit: Path | None, force: bool, dataset: Path | None = None, text_field: str | None = None,
+            ids_field: str | None = None, tokenizer: Path | None = None, chars_per_token: float | None = None,
+            too_long: str = "truncate", batching_strategy: str = "dynamic", pack_length: int | None = None,
+            global_batch: int | None = None) -> None:
+    """Which setup finishes fastest (or cheapest) on this GPU, with its largest safe batch, ETA and cost;
+    with several GPU counts, how full and LoRA fine-tuning scale and which count to use."""
+    if dataset is None and dataset_size is None:
+        raise click.UsageError("Missing option '--dataset-size' (or --dataset, to plan from its token lengths)")
+    check_dataset_options(click.get_current_context().params)
+    seq_len_given = click.get_current_context().get_parameter_source("seq_len") != ParameterSource.DEFAULT
+    options = DatasetOptions(batching_strategy, pack_length or (seq_len if batching_strategy == "pack" else None),
+                             seq_len if seq_len_given else None, too_long, global_batch)
+    result = api.plan(model, dataset_size, gpu_name, epochs=epochs, seq_len=seq_len, gpus=gpus,
+                      gpus_per_node=gpus_per_node, step_time_cv=step_time_cv, intra_node_bandwidth=intra_node_bandwidth,
+                      inter_node_bandwidth=inter_node_bandwidth, price_per_hour=price_per_hour, max_hours=max_hours,
+                      by=by, training=training, lora_ranks=lora_ranks, precision=precision,
+                      safety_margin=safety_margin, context_reserve_gib=context_reserve_gib,
+                      host_memory_gib=host_memory_gib, calibrations=calibrations, gpu_specs=gpu_specs,
+                      dataset=dataset, dataset_options=options, text_field=text_field, ids_field=ids_field,
+                      tokenizer=tokenizer, chars_per_token=chars_per_token)
+    plan, scaling, failed = result.plan, result.scaling, result.failed
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        console = make_console()
+        console.print(result.evidence.describe())
+        if scaling is not None or (plan is not None and plan.request.base.world_size > 1):
+            console.print(result.links_text)
+        if scaling is not None:
+            print_scaling(scaling, console, failed)
+        for line in result.dataset_lines:
+            console.print(line)
+        if plan is not None:
+            print_plan(plan, console, failed, show_all)
+        for note in result.dataset_plan.notes if result.dataset_plan else ():
+            console.print(f"note: {note}")
+    if emit is not None:
+        if plan is None or plan.recommended is None:
+            raise FtplanError("nothing to emit: no setup was recommended")
+        from ftplan.planner.emit import README, write_configs
+        written = write_configs(emit, plan.recommended, plan.request, force, result.dataset_plan)
+        click.echo(f"wrote {', '.join(str(p) for p in written)}", err=as_json)
+        click.echo(f"use them: `from training_args import training_arguments, data_collator` in train.py "
+                   f"(how: {emit / README})", err=as_json)

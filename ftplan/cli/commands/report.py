@@ -1,0 +1,66 @@
+"""`ftplan report`: PNG charts of the calibrations and of what the planner makes of them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ftplan.cli.commands.input_options import budget_options, calibrations_option, link_options
+from ftplan.core.errors import FtplanError
+from ftplan.core.hardware import CPU, load_catalog
+from ftplan.core.settings import Setting
+from ftplan.planner.inputs import load_evidence
+
+
+@click.command("report")
+@click.option("--model", default=None, help="Only this model's calibrations (default: all).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("report"), show_default=True,
+              help="Folder for the PNG files.")
+@click.option("--dataset-size", type=click.IntRange(min=1), default=10_000, show_default=True,
+              help="Samples per epoch for the time-to-completion chart.")
+@click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="Passes over the dataset, for the time-to-completion chart.")
+@click.option("--gpu-specs", type=click.Path(path_type=Path), default=None, help="CSV of GPU specs overriding the catalog.")
+@click.option("--gpus", default="1..128", show_default=True, help="GPU counts of the scaling chart (as in `ftplan plan`).")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True,
+              help="GPUs a node holds in the scaling chart; beyond it nodes talk over the inter-node link.")
+@link_options
+@budget_options
+@calibrations_option
+def command(model: str | None, out: Path, dataset_size: int, epochs: float, gpu_specs: Path | None, gpus: str,
+            gpus_per_node: int, intra_node_bandwidth: str | None, inter_node_bandwidth: str | None,
+            safety_margin: float | None, context_reserve_gib: float, calibrations: tuple[Path, ...]) -> None:
+    """Peak memory and seconds per step vs batch per calibrated setting (measured, fitted, upper bound, the card's
+    limit), hours to completion vs batch per setup with a line at the best, and per calibrated model and card the
+    speed-up and scaling efficiency of full and LoRA fine-tuning against GPU count: the charts behind `ftplan plan`."""
+    from ftplan.cli import plots
+    from ftplan.models.scaling import parse_gpu_counts
+
+    counts = parse_gpu_counts(gpus)
+    evidence = load_evidence(calibrations, load_catalog(gpu_specs))
+    records = [r for r in evidence.records if model is None or r["model"] == model]
+    cards = {r.get("gpu_name"): evidence.card_of(r) for r in records}
+    cards = {name: card for name, card in cards.items() if card is not None}
+    budgets = {name: evidence.budget(card, safety_margin, context_reserve_gib) for name, card in cards.items()}
+    curves = plots.collect_curves(records, evidence.predictor, cards, budgets)
+    if not curves:
+        which = f" of {model}" if model else ""
+        raise FtplanError(f"no calibration records{which} on a known GPU to plot (pass --calibrations PATH)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FtplanError(f"cannot create {out}: {exc.strerror}") from None
+    written = [plots.plot_memory(curves, out / plots.MEMORY_PNG), plots.plot_seconds(curves, out / plots.TIME_PNG),
+               plots.plot_completion(curves, dataset_size, epochs, out / plots.COMPLETION_PNG)]
+    for name, card in cards.items():
+        if card.name == CPU:  # one host's CPU does not scale over GPU counts
+            continue
+        links, _ = evidence.links(card, intra_node_bandwidth, inter_node_bandwidth)
+        predictor = evidence.predictor_with(links)
+        for model_id in sorted({r["model"] for r in records if r.get("gpu_name") == name}):
+            base = Setting(model=model_id, seq_len=max(r["seq_len"] for r in records if r["model"] == model_id))
+            written.append(plots.plot_gpu_scaling(predictor, links.inter_node_gbs, base, card, budgets[name], counts, gpus_per_node,
+                                                  dataset_size, epochs, evidence.calibrated_settings(model_id), out))
+    for path in written:
+        click.echo(f"wrote {path}")

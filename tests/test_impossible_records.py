@@ -1,0 +1,37 @@
+"""Physically impossible calibration records (a trial that ran in no time, held no memory, or ran batches of
+fewer than one sample) are skipped with a file:line warning, like every other bad record."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.test_hostile_records import (
+    GOOD,
+    assert_line_two_is_skipped,
+    changed,
+    read_with_warnings,
+)
+
+IMPOSSIBLE = {
+    "zero step time": (changed(seconds_per_step=0), "seconds_per_step is 0 in a trial that ran"),
+    "negative step time": (changed(seconds_per_step=-0.5), "negative seconds_per_step"),
+    "zero peak reserved": (changed(peak_reserved_bytes=0), "peak_reserved_bytes is 0 in a trial that ran"),
+    "zero peak allocated": (changed(peak_allocated_bytes=0.0), "peak_allocated_bytes is 0 in a trial that ran"),
+    "negative peak": (changed(peak_reserved_bytes=-1), "negative peak_reserved_bytes"),
+    "batch zero": (changed(micro_batch=0), "micro_batch must be positive"),
+}
+
+
+@pytest.mark.parametrize("name", IMPOSSIBLE)
+def test_an_impossible_record_is_skipped_with_its_line(tmp_path, name):
+    assert_line_two_is_skipped(tmp_path, *IMPOSSIBLE[name])
+
+
+def test_an_oom_record_that_measured_nothing_is_kept(tmp_path):
+    oom = {**json.loads(GOOD), "status": "oom", "seconds_per_step": None, "peak_reserved_bytes": None}
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps(oom) + "\n")
+    records, messages = read_with_warnings(path)
+    assert len(records) == 1 and not messages

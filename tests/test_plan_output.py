@@ -1,0 +1,105 @@
+"""What a user sees of `ftplan plan`: a table that fits a 100-column terminal, the best setup of each family with
+the recommendation first, every setup with --all, and full fine-tuning and LoRA side by side when neither is asked."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+import pytest
+from rich.console import Console
+from rich.table import Table
+
+from ftplan.cli.render import print_table
+from tests.helpers import run_ftplan
+
+PLAN_8B = ["plan", "--model", "llama-3-8b", "--dataset-size", 19692, "--gpu", "A100-80GB", "--gpus", 8]
+RANK_ROW = re.compile(r"^(→?)(\d+)\s")  # a table row starts with its rank, the recommendation's marked →
+
+
+def _plan(args, capsys, monkeypatch, columns: int | None = 100) -> str:
+    if columns is not None:
+        monkeypatch.setenv("COLUMNS", str(columns))
+    code, out, err = run_ftplan(args, capsys, monkeypatch)
+    assert code == 0, err
+    return out
+
+
+def _json(args, capsys, monkeypatch) -> dict:
+    return json.loads(_plan([*args, "--json"], capsys, monkeypatch, columns=None))
+
+
+def _ranks(out: str) -> list[tuple[bool, int]]:
+    return [(bool(m.group(1)), int(m.group(2))) for line in out.splitlines() if (m := RANK_ROW.match(line))]
+
+
+def test_plan_fits_a_100_column_terminal(capsys, monkeypatch):
+    for extra in ([], ["--full"], ["--lora", "--price-per-hour", 2.5], ["--gpus", "1..16"]):
+        out = _plan([*PLAN_8B, *extra], capsys, monkeypatch)
+        assert max(len(line) for line in out.splitlines()) <= 100, extra
+
+
+def test_compact_table_shows_the_best_of_each_family_with_the_recommendation_first(capsys, monkeypatch):
+    plan = _json(PLAN_8B, capsys, monkeypatch)
+    rows = _ranks(_plan(PLAN_8B, capsys, monkeypatch))
+    assert rows[0][0] and not any(marked for marked, _ in rows[1:])  # the recommendation heads the table
+    shown = [plan["ranked"][rank - 1] for _, rank in rows]
+    families = {(s["training"], s["setting"]["offload_optimizer"], s["setting"]["liger"],
+                 s["setting"]["gradient_checkpointing"], s["setting"]["precision"]) for s in plan["ranked"]}
+    assert len(rows) == len(families) < len(plan["ranked"])  # one row a family
+    for setup in shown:  # each row is its family's best-ranked setup
+        family = [s for s in plan["ranked"] if (s["training"], s["setting"]["offload_optimizer"], s["setting"]["liger"],
+                  s["setting"]["gradient_checkpointing"], s["setting"]["precision"])
+                  == (setup["training"], setup["setting"]["offload_optimizer"], setup["setting"]["liger"],
+                      setup["setting"]["gradient_checkpointing"], setup["setting"]["precision"])]
+        assert setup == family[0] or setup["label"] == plan["recommendation"]["label"]
+
+
+def test_all_lists_every_setup_that_fits(capsys, monkeypatch):
+    plan = _json(PLAN_8B, capsys, monkeypatch)
+    rows = _ranks(_plan([*PLAN_8B, "--all"], capsys, monkeypatch))
+    assert sorted(rank for _, rank in rows) == list(range(1, len(plan["ranked"]) + 1))
+
+
+def test_rows_keep_their_evidence_label(capsys, monkeypatch):
+    out = _plan(PLAN_8B, capsys, monkeypatch)
+    assert "evidence" in out and re.search(r"extrapolated|interpolated|measured|prior", out)
+
+
+def test_without_full_or_lora_the_best_of_each_is_shown_side_by_side_with_what_it_trades(capsys, monkeypatch):
+    plan = _json(PLAN_8B, capsys, monkeypatch)
+    options = {o["training"]: o for o in plan["best_by_training"]}
+    assert set(options) == {"full", "lora"}
+    assert options["full"]["setup"]["label"] == next(s["label"] for s in plan["ranked"] if s["training"] == "full")
+    assert "all 8,030,261,248 parameters learn" in options["full"]["trades"]
+    assert "adapter parameters" in options["lora"]["trades"] and "frozen base" in options["lora"]["trades"]
+    out = " ".join(_plan(PLAN_8B, capsys, monkeypatch).split())
+    assert "Full fine-tuning or LoRA?" in out and "the choice is yours" in out
+    assert options["full"]["setup"]["label"] in out and options["lora"]["setup"]["label"] in out
+
+
+def test_full_asks_only_about_full_fine_tuning(capsys, monkeypatch):
+    out = _plan([*PLAN_8B, "--full"], capsys, monkeypatch)
+    plan = _json([*PLAN_8B, "--full"], capsys, monkeypatch)
+    full = [s for s in plan["ranked"] if s["training"] == "full"]
+    assert plan["recommendation"]["training"] == "full" and _ranks(out)[0] == (True, 1)  # ranked among full setups
+    assert "Full fine-tuning or LoRA?" not in out and "Recommendation: " + plan["recommendation"]["label"] in out
+    every = _plan([*PLAN_8B, "--full", "--all"], capsys, monkeypatch)
+    assert sorted(rank for _, rank in _ranks(every)) == list(range(1, len(full) + 1))
+    assert "lora" not in " ".join(line for line in every.splitlines() if RANK_ROW.match(line))
+
+
+@pytest.mark.parametrize("width", [30, 60])
+def test_a_table_too_wide_for_the_screen_is_printed_wider_never_cut(width):
+    table = Table("model", "parameters")
+    table.add_row("llama-2-7b", "6,738,415,616")
+    console = Console(file=io.StringIO(), width=width)
+    print_table(console, table)
+    assert "6,738,415,616" in console.file.getvalue() and console.width == width
+
+
+def test_piped_models_show_whole_parameter_counts(capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    code, out, _ = run_ftplan(["models"], capsys, monkeypatch)
+    assert code == 0 and "6,738,415,616" in out and "8,030,261,248" in out and "…" not in out
