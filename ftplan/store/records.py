@@ -33,6 +33,8 @@ REQUIRED_KEYS_BY_KIND = {"trial": REQUIRED_KEYS,
                          "network": ("schema_version", "kind", "backend", "ranks", "latency_s", "bandwidth_gbs")}
 _MEASURED_NUMBERS = ("peak_allocated_bytes", "peak_reserved_bytes", "seconds_per_step", "num_alloc_retries",
                      "gpu_memory_total_bytes", "params_total", "params_trainable", "tokens_per_second")
+# Where and how a record was taken: keys of duplicate detection, resume and the prior (a dict there crashed them).
+_IDENTITY_FIELDS = ("machine_id", "device", "arch_hash", "source")
 # Types of the trial fields readers compute with (None is allowed where a failed trial measured nothing).
 _TRIAL_FIELD_TYPES = {
     **{key: "an integer" for key in ("micro_batch", "seq_len", "zero_stage", "lora_rank", "gpus", "nodes",
@@ -43,8 +45,9 @@ _TRIAL_FIELD_TYPES = {
     **{key: "a number" for key in _MEASURED_NUMBERS},
     "lora_targets": "a list of strings",
     "step_seconds": "a list of numbers",
+    **{key: "text" for key in _IDENTITY_FIELDS},
 }
-_MAY_BE_NULL = (*_MEASURED_NUMBERS, "gpu_name", "step_seconds")
+_MAY_BE_NULL = (*_MEASURED_NUMBERS, "gpu_name", "step_seconds", *_IDENTITY_FIELDS)
 _RAN_POSITIVE = ("seconds_per_step", "peak_allocated_bytes", "peak_reserved_bytes")  # above 0 in an ok record
 # Upper limits no real trial comes near (1 PiB of memory on one device, a million samples per batch);
 # above them a value is a typo or an attack, and taken into a fit it shows as nonsense such as -129.5 GiB.
