@@ -262,7 +262,9 @@ class _Run:
         # Setting has no field for it: pure-bf16 weights need less memory than the trials' fp32 ones
         self.trainable_dtype = str(trainable[0].dtype).removeprefix("torch.") if trainable else None
         self._fields = setting_fields(args, model, self.arch.id)
-        self.seq_len_max, self.seq_len_min = seq_len, seq_len
+        self.seq_len_given = seq_len  # only until a batch is seen: the record holds the shapes that ran
+        self.seq_len_max: int | None = None
+        self.seq_len_min: int | None = None
         self.prediction = None
         self.on_first_forward = lambda: None
         self.oom_seen: str | None = None
@@ -286,7 +288,7 @@ class _Run:
         if tokens is None or tokens.dim() < 2:
             return
         length = int(tokens.shape[1])
-        first = self.seq_len_max is None
+        first = self.seq_len_max is None and length != self.seq_len_given  # predicted at begin for a given length
         self.seq_len_max = max(length, self.seq_len_max or 0)
         self.seq_len_min = min(length, self.seq_len_min or length)
         if first:
@@ -309,9 +311,10 @@ class _Run:
             hook.remove()
 
     def setting(self) -> Setting:
-        if self.seq_len_max is None:
+        seq_len = self.seq_len_max or self.seq_len_given
+        if seq_len is None:
             raise FtplanError("no training batch with input_ids was seen; pass seq_len= to FtplanCallback")
-        return Setting(seq_len=self.seq_len_max, **self._fields)
+        return Setting(seq_len=seq_len, **self._fields)
 
     def share(self, result: dict) -> None:
         """Leave this rank's result for rank 0 in a file (written whole, then renamed into place)."""
