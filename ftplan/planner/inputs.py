@@ -127,6 +127,9 @@ class Evidence:
         except FtplanError:
             links, intra_from = links_from_catalog(intra=FALLBACK_INTRA_NODE_LINK, inter=DEFAULT_INTER_NODE_LINK), \
                 f"{gpu.name} names no known interconnect: PCIe 4.0 assumed"
+        if gpu.intra_node_gbs and load_catalog().get(gpu.name) != gpu and gpu.intra_node_gbs != links.intra_node_gbs:
+            links = replace(links, intra_node_gbs=gpu.intra_node_gbs)
+            intra_from = f"intra_node_gbs of {gpu.name} in your GPU specs"  # the user's own row wins
         inter_from = f"catalog: '{DEFAULT_INTER_NODE_LINK}' network"
         measured = calibrated_links(self.network_records, links)
         if measured.intra_node_gbs != links.intra_node_gbs or measured.intra_latency_s != links.intra_latency_s:
