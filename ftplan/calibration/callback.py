@@ -47,6 +47,7 @@ from ftplan.core.paths import calibrations_dir
 from ftplan.store.records import append_record, build_record, read_records
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
+from ftplan.models.bytes_per_param import same_state_optimizers
 from ftplan.models.fit import fit_groups
 from ftplan.models.fitset import FitSet
 from ftplan.models.prediction import SOURCE_CALIBRATED, SOURCE_EXTRAPOLATED, Prediction
@@ -374,7 +375,9 @@ def _predict(setting: Setting, micro_batch: int, gpu: str, out: Path, machine_id
         if gpu != "cpu":
             return Predictor.fit(records).predict(setting, micro_batch, find_gpu(gpu))
         own = [r for r in records if r.get("device") == "cpu" and r.get("machine_id") == machine_id]
-        fit = FitSet(tuple(fit_groups(own))).lookup(setting, "cpu")
+        fits = FitSet(tuple(fit_groups(own)))
+        same_state = [setting.with_(optimizer=o) for o in same_state_optimizers(setting.optimizer)]  # AdamW variants
+        fit = next((f for s in (setting, *same_state) if (f := fits.lookup(s, "cpu")) is not None), None)
     if fit is None:
         return (f"training on CPU and this machine has no CPU calibration of {setting.label()} "
                 "(run `ftplan calibrate --device cpu`, or pass FtplanCallback(gpu=...) to see what a card would need)")
