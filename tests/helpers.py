@@ -6,8 +6,10 @@ physics says; they are not measurements and never leave the tests.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -104,3 +106,18 @@ def start_fake_calibration(args, out: Path, behaviour: dict, **popen) -> subproc
     """`ftplan calibrate` as a real process whose trials are the fake trial (FAKE_TRIAL=behaviour), appending to out."""
     env = {**os.environ, "FAKE_TRIAL": json.dumps(behaviour)}
     return subprocess.Popen([*FAKE_TRIAL_FTPLAN, *args, "--out", str(out)], env=env, text=True, **popen)
+
+
+@contextlib.contextmanager
+def within(seconds: int):
+    """Fail the test with TimeoutError, not a hung suite, when the block runs longer (a FIFO read, say)."""
+    def expire(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s: a hang")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

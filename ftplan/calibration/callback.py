@@ -47,6 +47,7 @@ from ftplan.core.paths import calibrations_dir
 from ftplan.store.records import append_record, build_record, read_records
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
+from ftplan.models.bytes_per_param import same_state_optimizers
 from ftplan.models.fit import fit_groups
 from ftplan.models.fitset import FitSet
 from ftplan.models.prediction import SOURCE_CALIBRATED, SOURCE_EXTRAPOLATED, Prediction
@@ -126,6 +127,8 @@ class FtplanCallback(TrainerCallback):
     # Start ---------------------------------------------------------------------------------------
 
     def _begin(self, args, state, model) -> None:
+        if self._run is not None and not self._finished:  # the last train() raised and the user's code caught it
+            self._finish("train() was called again after this run raised")  # records it and restores the handlers
         self._finished, self.record, self.step_seconds, self._steps_done = False, None, [], 0
         self._run = _Run(args, state, model, self.seq_len, config_dir=self.out.parent,
                          machine_id=measure.machine_id(pinned_machine_id(self.out)))
@@ -260,7 +263,9 @@ class _Run:
         # Setting has no field for it: pure-bf16 weights need less memory than the trials' fp32 ones
         self.trainable_dtype = str(trainable[0].dtype).removeprefix("torch.") if trainable else None
         self._fields = setting_fields(args, model, self.arch.id)
-        self.seq_len_max, self.seq_len_min = seq_len, seq_len
+        self.seq_len_given = seq_len  # only until a batch is seen: the record holds the shapes that ran
+        self.seq_len_max: int | None = None
+        self.seq_len_min: int | None = None
         self.prediction = None
         self.on_first_forward = lambda: None
         self.oom_seen: str | None = None
@@ -284,7 +289,7 @@ class _Run:
         if tokens is None or tokens.dim() < 2:
             return
         length = int(tokens.shape[1])
-        first = self.seq_len_max is None
+        first = self.seq_len_max is None and length != self.seq_len_given  # predicted at begin for a given length
         self.seq_len_max = max(length, self.seq_len_max or 0)
         self.seq_len_min = min(length, self.seq_len_min or length)
         if first:
@@ -307,9 +312,10 @@ class _Run:
             hook.remove()
 
     def setting(self) -> Setting:
-        if self.seq_len_max is None:
+        seq_len = self.seq_len_max or self.seq_len_given
+        if seq_len is None:
             raise FtplanError("no training batch with input_ids was seen; pass seq_len= to FtplanCallback")
-        return Setting(seq_len=self.seq_len_max, **self._fields)
+        return Setting(seq_len=seq_len, **self._fields)
 
     def share(self, result: dict) -> None:
         """Leave this rank's result for rank 0 in a file (written whole, then renamed into place)."""
@@ -369,7 +375,9 @@ def _predict(setting: Setting, micro_batch: int, gpu: str, out: Path, machine_id
         if gpu != "cpu":
             return Predictor.fit(records).predict(setting, micro_batch, find_gpu(gpu))
         own = [r for r in records if r.get("device") == "cpu" and r.get("machine_id") == machine_id]
-        fit = FitSet(tuple(fit_groups(own))).lookup(setting, "cpu")
+        fits = FitSet(tuple(fit_groups(own)))
+        same_state = [setting.with_(optimizer=o) for o in same_state_optimizers(setting.optimizer)]  # AdamW variants
+        fit = next((f for s in (setting, *same_state) if (f := fits.lookup(s, "cpu")) is not None), None)
     if fit is None:
         return (f"training on CPU and this machine has no CPU calibration of {setting.label()} "
                 "(run `ftplan calibrate --device cpu`, or pass FtplanCallback(gpu=...) to see what a card would need)")

@@ -296,7 +296,7 @@ def gpu_table(catalog: dict[str, GpuSpec]) -> Table:
     for spec in catalog.values():
         table.add_row(spec.name, " ".join(aliases_of(spec.name)), f"{spec.memory_gib:.4g}",
                       f"{spec.memory_bytes / GIB:.2f}", f"{spec.bf16_dense_tflops:g}", f"{spec.memory_bandwidth_gbs:g}",
-                      f"{spec.intra_node_gbs:g}", spec.interconnect.split("(")[0].strip() or "-")
+                      f"{spec.intra_node_gbs:g}" if spec.intra_node_gbs else "-", spec.interconnect.split("(")[0].strip() or "-")
     return table
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import stat
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,9 @@ from ftplan.core.units import GIB
 
 MAX_SPEC_VALUE = 1e7  # GiB, TFLOP/s or GB/s: ten thousand times today's largest cards; beyond, arithmetic overflows
 COLUMNS = ("name", "memory_gib", "bf16_dense_tflops", "memory_bandwidth_gbs")
+OPTIONAL_NUMBER_COLUMNS = ("intra_node_gbs", "torch_total_gib")
+TEXT_COLUMNS = ("name", "aliases", "interconnect", "source", "torch_total_source")  # a name such as 4090 stays text
+MAX_SPECS_BYTES = 16 * 2**20
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,7 @@ class GpuSpec:
     memory_gib: float
     bf16_dense_tflops: float
     memory_bandwidth_gbs: float
-    intra_node_gbs: float = 32.0
+    intra_node_gbs: float | None = None  # None: the interconnect's, from data/networks.csv
     interconnect: str = ""
     source: str = ""
     torch_total_gib: float | None = None
@@ -103,20 +107,37 @@ def load_catalog(extra_specs: Path | None = None) -> dict[str, GpuSpec]:
 
 def _read_specs(path: Path) -> pd.DataFrame:
     try:
-        frame = pd.read_csv(path)
+        frame = pd.read_csv(_specs_file(path), dtype={c: str for c in TEXT_COLUMNS}, keep_default_na=False,
+                            na_values={c: [""] for c in (*COLUMNS[1:], *OPTIONAL_NUMBER_COLUMNS)})
     except (OSError, ValueError) as exc:  # ValueError: pandas' parser errors, and bytes that are not UTF-8
         raise FtplanError(f"cannot read GPU specs {path}: {exc}") from None
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
         raise FtplanError(f"GPU specs {path} lack column(s) {', '.join(missing)}")
-    for column in COLUMNS[1:]:
+    if (frame["name"].str.strip() == "").any():
+        raise FtplanError(f"GPU specs {path}: every row needs a name")
+    for column in (*COLUMNS[1:], *(c for c in OPTIONAL_NUMBER_COLUMNS if c in frame.columns)):
         values = pd.to_numeric(frame[column], errors="coerce")
-        if values.isna().any() or (values <= 0).any():
+        given = frame[column].notna() if column in OPTIONAL_NUMBER_COLUMNS else True
+        if (values.isna() & given).any() or (values <= 0).any():
             raise FtplanError(f"GPU specs {path}: column {column} must hold positive numbers")
         if (values > MAX_SPEC_VALUE).any():
             raise FtplanError(f"GPU specs {path}: column {column} holds a value above {MAX_SPEC_VALUE:.0e}, "
                               "more than any card has")
+        frame[column] = values
     return frame
+
+
+def _specs_file(path: Path):
+    """The specs file opened for reading: a FIFO or device would hang the read or never end, so only a
+    regular file of catalog size is read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    handle = os.fdopen(fd, "rb")
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode) or status.st_size > MAX_SPECS_BYTES:
+        handle.close()
+        raise OSError(f"not a regular file of at most {MAX_SPECS_BYTES // 2**20} MiB")
+    return handle
 
 
 @functools.lru_cache(maxsize=4)

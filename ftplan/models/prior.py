@@ -271,6 +271,23 @@ def setting_terms(arch: Architecture, setting: Setting) -> SettingTerms:
     return _TERMS[key]
 
 
+def unmodelled(record: dict) -> str | None:
+    """Why ftplan has no model of a record's setting (an optimizer or LoRA target it does not know), or None.
+
+    A record of an architecture not available here still informs the fits of its own setting, so only a
+    setting the prior cannot price is named: taken in, it would fail every later plan of that model.
+    """
+    try:
+        arch = cached_architecture(record["model"])
+    except FtplanError:
+        return None
+    try:
+        setting_terms(arch, Setting.from_dict(record))
+    except FtplanError as exc:
+        return str(exc)
+    return None
+
+
 @dataclass(frozen=True)
 class PriorConstants:
     """The prior's free constants; `scope` says which calibrations they were learned from."""
@@ -338,6 +355,7 @@ def _observations(records: Iterable[dict], catalog: dict[str, GpuSpec] | None) -
                 batch=int(record["micro_batch"]), gpu=gpus.get(record.get("gpu_name")) or find_gpu(str(record.get("gpu_name", "")), catalog),
                 allocated=float(record["peak_allocated_bytes"]), reserved=record.get("peak_reserved_bytes"),
                 seconds=record.get("seconds_per_step"))
+            setting_terms(observation.arch, observation.setting)  # an optimizer or LoRA target with no model
         except (FtplanError, KeyError, TypeError, ValueError) as exc:
             warnings.warn(f"{record.get('_source', 'record')}: not used by the prior ({exc})", stacklevel=2)
             continue

@@ -9,6 +9,7 @@ CHARS_PER_TOKEN characters per token, and says so.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import warnings
@@ -27,6 +28,9 @@ CHARS_PER_TOKEN = 4.0
 TEXT_FIELDS = (("text",), ("content",), ("prompt", "completion"), ("messages",), ("conversations",), ("prompt",))
 IDS_FIELDS = ("input_ids",)
 TOKENIZE_BATCH = 1000
+MAX_DATASET_BYTES = 2**30  # read at most this much text: lengths of more would not fit in bounded memory
+BAD_LINE_WARNINGS = 20  # bad JSONL lines named one by one; the rest counted in one line
+MAX_CHAT_DEPTH = 3  # messages -> turn -> content parts; deeper nesting is not a chat
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ def load_lengths(path: Path | str, text_field: str | None = None, ids_field: str
         ids_field = next((f for f in IDS_FIELDS if f in frame.columns), None)
     if ids_field:
         column = _column(frame, ids_field, path)
-        lengths = np.asarray([_ids_length(v, ids_field, path, row) for row, v in enumerate(column)], dtype=np.int64)
+        lengths = np.asarray([_ids_length(v, ids_field, path, row, frame.attrs.get("lines")) for row, v in enumerate(column)], dtype=np.int64)
         return DatasetLengths(_nonempty(lengths, path), path, ids_field, f"stored token ids ('{ids_field}')", False)
     fields = (text_field,) if text_field else _text_fields(frame.columns, path)
     texts = _texts(frame, fields, path)
@@ -103,7 +107,7 @@ def _texts(frame: pd.DataFrame, fields: tuple[str, ...], path: Path) -> list[str
     if missing:
         raise FtplanError(f"{path}: {len(missing):,} of {len(frame):,} rows have no text in "
                           f"{' or '.join(repr(f) for f in fields)} (absent, null or not a string), e.g. "
-                          f"{_where(path, missing[0])}; fix or drop them, or name the field with --text-field")
+                          f"{_where(frame.attrs.get('lines'), missing[0])}; fix or drop them, or name the field with --text-field")
     return texts
 
 
@@ -111,16 +115,9 @@ def _is_text(value: object) -> bool:
     return isinstance(value, (str, list, tuple, np.ndarray))
 
 
-def _where(path: Path, row: int) -> str:
-    """Where a row sits in the file: its line in plain JSONL (pandas skips blank lines), else its number."""
-    if path.suffix.lower() in (".jsonl", ".ndjson"):
-        with path.open("rb") as stream:
-            seen = -1
-            for number, line in enumerate(stream, 1):
-                seen += bool(line.strip())
-                if seen == row:
-                    return f"line {number}"
-    return f"row {row + 1}"
+def _where(lines: list[int] | None, row: int) -> str:
+    """Where a row sits in the file: its line in JSONL (blank and bad lines are skipped), else its number."""
+    return f"line {lines[row]}" if lines else f"row {row + 1}"
 
 
 def read_table(path: Path) -> pd.DataFrame:
@@ -129,10 +126,14 @@ def read_table(path: Path) -> pd.DataFrame:
         raise FtplanError(f"dataset {path} does not exist")
     if path.is_dir():
         return _read_saved_dataset(path)
+    if not path.is_file():  # a FIFO would wait for a writer, /dev/zero never ends
+        raise FtplanError(f"dataset {path} is not a regular file")
     suffix = "".join(path.suffixes[-2:]).lower() if path.suffix == ".gz" else path.suffix.lower()
+    if suffix not in (".jsonl", ".jsonl.gz", ".ndjson") and path.stat().st_size > MAX_DATASET_BYTES:
+        raise FtplanError(f"dataset {path} is over {MAX_DATASET_BYTES // 2**30} GiB; plan from a JSONL file or a sample")
     try:
         if suffix in (".jsonl", ".jsonl.gz", ".ndjson"):
-            return pd.read_json(path, lines=True)
+            return _read_jsonl(path)
         if suffix in (".json", ".json.gz"):
             try:
                 return pd.read_json(path, lines=True)
@@ -149,14 +150,53 @@ def read_table(path: Path) -> pd.DataFrame:
     raise FtplanError(f"{path}: unknown dataset format '{path.suffix}' (JSONL, JSON, CSV, Parquet, or a save_to_disk folder)")
 
 
+def _read_jsonl(path: Path) -> pd.DataFrame:
+    """JSON Lines read a line at a time (gzip as it decompresses): a bad line is skipped with a warning naming its line, up to BAD_LINE_WARNINGS of them, and the
+    text read is bounded (a 1.5 MB gzip once decompressed into 4.7 GB of memory)."""
+    rows, lines, bad, read = [], [], 0, 0
+    opener = gzip.open if path.suffix.lower() == ".gz" else open
+    with opener(path, "rb") as stream:
+        for number, line in enumerate(stream, 1):
+            read += len(line)
+            if read > MAX_DATASET_BYTES:
+                raise FtplanError(f"{path}: over {MAX_DATASET_BYTES // 2**30} GiB of JSON lines; plan from a sample "
+                                  f"(e.g. the first million lines: head -n 1000000)")
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                problem = None if isinstance(row, dict) else f"a JSON {type(row).__name__}, not an object"
+            except RecursionError:
+                problem = "JSON nested too deeply"
+            except ValueError:
+                problem = "not JSON (a torn or corrupt line)"
+            if problem:
+                bad += 1
+                if bad <= BAD_LINE_WARNINGS:
+                    warnings.warn(f"{path}:{number}: {problem}; line skipped", UserWarning, stacklevel=4)
+                continue
+            rows.append(row)
+            lines.append(number)
+    if bad > BAD_LINE_WARNINGS:
+        warnings.warn(f"{path}: ... and {bad - BAD_LINE_WARNINGS:,} more bad lines skipped", UserWarning, stacklevel=4)
+    frame = pd.DataFrame.from_records(rows)
+    frame.attrs["lines"] = lines  # each row's line in the file, for errors
+    return frame
+
+
 def _read_saved_dataset(folder: Path) -> pd.DataFrame:
     """A Hugging Face `save_to_disk` folder: Arrow stream files listed in state.json; a DatasetDict's train split."""
     splits = folder / "dataset_dict.json"
     if splits.exists():
         names = _json_object(splits).get("splits", [])
+        if not isinstance(names, list) or not all(isinstance(n, str) and n and n not in (".", "..") and "/" not in n
+                                                  and "\\" not in n for n in names):
+            raise FtplanError(f"{splits}: 'splits' must be a list of split folder names")
         split = "train" if "train" in names else (names[0] if names else None)
         if split is None:
             raise FtplanError(f"{folder}: dataset_dict.json names no split")
+        if (folder / split / "dataset_dict.json").exists():
+            raise FtplanError(f"{folder / split}: a split holds another dataset_dict.json; give the split's folder")
         return _read_saved_dataset(folder / split)
     state = folder / "state.json"
     try:
@@ -216,16 +256,22 @@ def _tokenize(texts: list[str], tokenizer: Path) -> np.ndarray:
     return np.asarray(lengths, dtype=np.int64)
 
 
-def _as_text(value: object) -> str:
+def _as_text(value: object, depth: int = 0) -> str:
     """A text cell, or a chat (a list of {role, content} turns) joined into one text."""
     if isinstance(value, str):
         return value
-    if isinstance(value, (list, tuple, np.ndarray)):
-        return "\n".join(_as_text(v.get("content", v.get("value", "")) if isinstance(v, dict) else v) for v in value)
+    if isinstance(value, (list, tuple, np.ndarray)) and depth < MAX_CHAT_DEPTH:
+        return "\n".join(_as_text(v.get("content", v.get("value", "")) if isinstance(v, dict) else v, depth + 1)
+                         for v in value)
+    if isinstance(value, (list, tuple, np.ndarray, dict)):  # nested deeper than any chat: its JSON text is counted
+        try:
+            return json.dumps(value, default=str)
+        except (RecursionError, ValueError):
+            return ""
     return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
 
 
-def _ids_length(value: object, field: str, path: Path, row: int) -> int:
+def _ids_length(value: object, field: str, path: Path, row: int, lines: list[int] | None) -> int:
     if isinstance(value, str):
         try:
             value = json.loads(value)  # ids written to CSV come back as their JSON text
@@ -233,7 +279,7 @@ def _ids_length(value: object, field: str, path: Path, row: int) -> int:
             pass
     if not isinstance(value, (list, tuple, np.ndarray)):
         raise FtplanError(f"{path}: field '{field}' holds {type(value).__name__} {_clip(value)} at "
-                          f"{_where(path, row)}, not a list of token ids")
+                          f"{_where(lines, row)}, not a list of token ids")
     return len(value)
 
 

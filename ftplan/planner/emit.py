@@ -9,8 +9,10 @@ training_args.py adds what TrainingArguments cannot carry: the collator of the p
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -33,7 +35,9 @@ DS_CONFIG = "ds_config.json"
 TRAINING_ARGS = "training_args.json"
 TRAINING_ARGS_PY = "training_args.py"
 README = "README.txt"
-OWN_FILES = (DS_CONFIG, TRAINING_ARGS, TRAINING_ARGS_PY, README)  # all ftplan ever writes into an emit folder, and all --force replaces
+OWN_FILES = (DS_CONFIG, TRAINING_ARGS, TRAINING_ARGS_PY, README)  # all ftplan ever writes into an emit folder
+MANIFEST = ".ftplan-manifest.json"  # what ftplan wrote there and its digest: all --force may replace
+MAX_OWN_FILE_BYTES = 2**20
 OUTPUT_DIR = "output"
 
 
@@ -142,9 +146,11 @@ def write_configs(directory: Path, setup: SetupPlan, request: PlanRequest, force
     """Write training_args.json and .py, ds_config.json (DeepSpeed setups only) and README.txt; return their
     paths. With a dataset plan, its batching (micro-batch × accumulation, sampler, collator) is written.
 
-    The folder must be empty, so a user's files are never overwritten; force replaces ftplan's own
-    files there (all of them, so no ds_config.json of an earlier plan is left beside a plan without
-    DeepSpeed) and keeps the rest. Nothing is written through a symlink, which could point anywhere.
+    The folder must be empty, so a user's files are never overwritten; force replaces the files ftplan
+    wrote there, as its manifest lists them and unedited (all of them, so no ds_config.json of an earlier
+    plan is left beside a plan without DeepSpeed), and keeps the rest. The new files are written whole into
+    a staging folder first and renamed into place: a full disk leaves the old plan as it was. Nothing is
+    written through a symlink, which could point anywhere.
     """
     directory = Path(directory)
     if directory.is_symlink():
@@ -154,13 +160,13 @@ def write_configs(directory: Path, setup: SetupPlan, request: PlanRequest, force
         directory.mkdir(parents=True, exist_ok=True)
         folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # the folder checked is the one written
         try:
-            _make_room(folder, directory, force)
-            for name, text in files.items():
-                _write_new(folder, name, text)
+            ours = _replaceable(folder, directory, set(files), force)
+            _stage_and_rename(folder, {**files, MANIFEST: _manifest(files)}, stale=ours - set(files))
         finally:
             os.close(folder)
     except OSError as exc:
-        raise FtplanError(f"cannot write configs to {directory}: {exc.strerror}") from None
+        raise FtplanError(f"cannot write configs to {directory}: {exc.strerror or exc}; "
+                          "the folder is left as it was") from None
     return [directory / name for name in files]
 
 
@@ -175,22 +181,83 @@ def _file_texts(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch) -> 
             README: readme(setup, request, batch)}
 
 
-def _make_room(folder: int, directory: Path, force: bool) -> None:
-    """Refuse a folder with anything in it unless forced; forced, remove ftplan's own files, never a symlink's target."""
-    present = set(os.listdir(folder))
+def _replaceable(folder: int, directory: Path, names: set[str], force: bool) -> set[str]:
+    """The files of an earlier plan that force may replace or remove: those ftplan's manifest lists with
+    the content it wrote. Refuses a folder with anything in it unless forced, and, forced, any file of a
+    name ftplan writes that is not such a file (the user's own README.txt) or is a symlink."""
+    present = set(os.listdir(folder)) - {MANIFEST}
     if present and not force:
         raise FtplanError(f"{directory} is not empty; emit into a new folder, or pass --force to replace "
-                          f"ftplan's own files there ({', '.join(OWN_FILES)}) and keep the rest")
-    own = [name for name in OWN_FILES if name in present]
-    for name in own:
-        if stat.S_ISLNK(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode):
-            raise FtplanError(f"{directory / name} is a symlink; ftplan does not write through it")
-    for name in own:
-        os.unlink(name, dir_fd=folder)
+                          f"the files an earlier `ftplan plan --emit` wrote there and keep the rest")
+    ours = {name for name, digest in _read_manifest(folder).items()
+            if name in present and _is_file_with(folder, name, digest)}
+    links = sorted(n for n in set(OWN_FILES) & present if stat.S_ISLNK(os.stat(n, dir_fd=folder, follow_symlinks=False).st_mode))
+    if links:
+        raise FtplanError(f"{directory / links[0]} is a symlink; ftplan does not write through it")
+    foreign = sorted((names & present) - ours)
+    if foreign:
+        raise FtplanError(f"{directory / foreign[0]} was not written by ftplan (or was edited since); "
+                          "move it away or emit into a new folder")
+    return ours
+
+
+def _is_file_with(folder: int, name: str, digest: str) -> bool:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+    except OSError:  # a symlink (ELOOP) or gone
+        return False
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        return hashlib.sha256(file.read(MAX_OWN_FILE_BYTES)).hexdigest() == digest
+
+
+def _manifest(files: dict[str, str]) -> str:
+    digests = {name: hashlib.sha256(text.encode()).hexdigest() for name, text in files.items()}
+    return json.dumps({"written_by": "ftplan plan --emit", "files": digests}, indent=2) + "\n"
+
+
+def _read_manifest(folder: int) -> dict[str, str]:
+    """{file name: sha256} of what ftplan wrote here; empty when there is no manifest or it is not one."""
+    try:
+        fd = os.open(MANIFEST, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+    except OSError:
+        return {}
+    with os.fdopen(fd, "rb") as file:
+        try:
+            files = json.loads(file.read(MAX_OWN_FILE_BYTES)).get("files", {}) if stat.S_ISREG(os.fstat(fd).st_mode) else {}
+        except (ValueError, AttributeError, RecursionError):
+            return {}
+    return {k: v for k, v in files.items() if k in OWN_FILES and isinstance(v, str)} if isinstance(files, dict) else {}
+
+
+def _stage_and_rename(folder: int, files: dict[str, str], stale: set[str]) -> None:
+    """Write every file whole (fsynced) into a staging folder, then rename each into place and remove the
+    earlier plan's files the new one lacks; on any failure the staging folder goes and nothing else changes."""
+    staging = f".ftplan-emit-{os.getpid()}-{secrets.token_hex(4)}"
+    os.mkdir(staging, 0o700, dir_fd=folder)
+    stage = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=folder)
+    try:
+        try:
+            for name, text in files.items():
+                _write_new(stage, name, text)
+        except OSError:
+            for name in os.listdir(stage):
+                os.unlink(name, dir_fd=stage)
+            raise
+        for name in files:  # the manifest comes last: it lists only what is in place
+            os.rename(name, name, src_dir_fd=stage, dst_dir_fd=folder)
+        for name in stale:
+            os.unlink(name, dir_fd=folder)
+    finally:
+        os.close(stage)
+        os.rmdir(staging, dir_fd=folder)
 
 
 def _write_new(folder: int, name: str, text: str) -> None:
-    """Create the file afresh: O_EXCL never opens an existing file or a symlink put there meanwhile."""
+    """Create the file afresh and flush it to disk: O_EXCL never opens an existing file or a symlink."""
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=folder)
     with os.fdopen(fd, "w", encoding="utf-8") as file:
         file.write(text)
+        file.flush()
+        os.fsync(file.fileno())

@@ -106,7 +106,7 @@ def training_args_py(kwargs: dict, batch: PlannedBatch, headline: str) -> str:
     collator, why = collator_code(batch)
     packing = batch.strategy == "pack"
     lines = [
-        f'"""Written by `ftplan plan`: {headline}',
+        '"""Written by `ftplan plan` (the plan is PLAN below); use it from a train.py:',
         "",
         "    from training_args import training_arguments, data_collator",
         *([("    trainer = SFTTrainer(model=model, args=training_arguments(), train_dataset=train, "
@@ -127,6 +127,7 @@ def training_args_py(kwargs: dict, batch: PlannedBatch, headline: str) -> str:
         f"from transformers import {'' if packing else 'DataCollatorForSeq2Seq, '}TrainingArguments",
         "",
         "HERE = Path(__file__).resolve().parent",
+        f"PLAN = {headline!r}  # a repr: names from the user's files can hold quotes and newlines",
         (f"# micro-batch {batch.micro_batch} x gradient accumulation {batch.accumulation} per GPU; "
          f"{'packed rows' if packing else 'samples'} of at most {batch.length:,} tokens"),
         f"TRAINING_ARGS = {pprint.pformat(kwargs, sort_dicts=False, width=100)}",

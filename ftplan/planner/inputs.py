@@ -23,8 +23,9 @@ from ftplan.models.communication import (
     links_from_catalog,
     parse_bandwidth,
 )
+from ftplan.models.prior import unmodelled
 from ftplan.models.safe_batch import MemoryBudget
-from ftplan.store.records import RecordWarning, read_records
+from ftplan.store.records import RecordWarning, printable, read_records
 
 USER_CALIBRATIONS = Path("calibrations")  # where `ftplan calibrate` and the Trainer callback write by default
 TRAINER_SOURCE = "trainer_callback"
@@ -126,6 +127,9 @@ class Evidence:
         except FtplanError:
             links, intra_from = links_from_catalog(intra=FALLBACK_INTRA_NODE_LINK, inter=DEFAULT_INTER_NODE_LINK), \
                 f"{gpu.name} names no known interconnect: PCIe 4.0 assumed"
+        if gpu.intra_node_gbs and load_catalog().get(gpu.name) != gpu and gpu.intra_node_gbs != links.intra_node_gbs:
+            links = replace(links, intra_node_gbs=gpu.intra_node_gbs)
+            intra_from = f"intra_node_gbs of {gpu.name} in your GPU specs"  # the user's own row wins
         inter_from = f"catalog: '{DEFAULT_INTER_NODE_LINK}' network"
         measured = calibrated_links(self.network_records, links)
         if measured.intra_node_gbs != links.intra_node_gbs or measured.intra_latency_s != links.intra_latency_s:
@@ -168,10 +172,18 @@ def _rate(gbs: float) -> str:
 
 
 def _read_input(path: Path) -> tuple[list[dict], list[dict]]:
-    records = read_records([path])
+    records = [r for r in read_records([path]) if _modelled(r)]
     with warnings.catch_warnings():  # the trial pass already named every bad line
         warnings.simplefilter("ignore", RecordWarning)
         return records, read_records([path], kind="network")
+
+
+def _modelled(record: dict) -> bool:
+    """False, with a warning naming the file and line, for a record whose setting ftplan has no model of."""
+    problem = unmodelled(record)
+    if problem:
+        warnings.warn(f"{record['_source']}: {printable(problem)}; record skipped", RecordWarning, stacklevel=2)
+    return problem is None
 
 
 def default_calibrations() -> list[Path]:

@@ -2,7 +2,7 @@
 
 Fitting a hundred records takes several hundred small regressions (seconds); reading their JSON back
 takes milliseconds. The key is a digest of the content of everything a fit depends on (the records,
-the GPU catalog, the fitting code), so edited records, other specs or a changed rule refit. The file
+the architecture configs they name, the GPU catalog, the fitting code), so edited records, other specs or a changed rule refit. The file
 carries a digest of its own payload: a hand-edited or torn cache is refitted, never trusted. JSON
 only (never pickle): a cache file is data.
 """
@@ -12,11 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from ftplan.core.architecture import load_architecture
+from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import GpuSpec
 from ftplan.models.fit import SettingFit
 from ftplan.models.fitset import FitSet
@@ -24,6 +27,7 @@ from ftplan.models.predictor import Predictor
 from ftplan.models.prior import PriorConstants
 
 FORMAT = "ftplan-fit-cache-2"
+MAX_CACHE_BYTES = 64 * 2**20  # the fits of the shipped calibrations take about 1 MB
 
 
 def cache_dir() -> Path:
@@ -42,10 +46,24 @@ def _code_digest() -> str:
     return digest.hexdigest()
 
 
+def _architecture_configs(records: Sequence[dict]) -> list:
+    """Each recorded model's config as read now: the prior's terms come from it, and an edited config.json
+    once kept a cached plan at batch 374 where a fresh fit said 113."""
+    configs = []
+    for model in sorted({str(r.get("model")) for r in records}):
+        try:
+            configs.append([model, load_architecture(model).config])
+        except FtplanError:  # not available here: its records fit without the prior's terms
+            configs.append([model, None])
+    return configs
+
+
 def cache_key(records: Sequence[dict], catalog: dict[str, GpuSpec]) -> str:
-    """Digest of the records, the catalog and the code, by content (not file stamps)."""
-    text = json.dumps([FORMAT, list(records), sorted((name, asdict(spec)) for name, spec in catalog.items()),
-                       _code_digest()], sort_keys=True, default=str)
+    """Digest of every input of the fit by content (not file stamps): the records, the architecture configs
+    they name, the catalog and the code."""
+    text = json.dumps([FORMAT, list(records), _architecture_configs(records),
+                       sorted((name, asdict(spec)) for name, spec in catalog.items()), _code_digest()],
+                      sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -73,7 +91,7 @@ def _digest(payload: dict) -> str:
 
 def _load(path: Path) -> tuple[FitSet, dict[str, PriorConstants]] | None:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(_read_bounded(path))
         payload = data["payload"]
         if data["digest"] != _digest(payload):
             return None
@@ -82,6 +100,17 @@ def _load(path: Path) -> tuple[FitSet, dict[str, PriorConstants]] | None:
         return fits, {model: PriorConstants(**values) for model, values in payload["constants"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
+
+
+def _read_bounded(path: Path) -> bytes:
+    """The cache file's bytes; OSError for a FIFO or device (a read would hang or never end), a symlink,
+    or a file larger than any real cache (a 2 GB one took 4.3 GB of memory to parse)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as handle:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode) or status.st_size > MAX_CACHE_BYTES:
+            raise OSError(f"{path} is not a cache file")
+        return handle.read(MAX_CACHE_BYTES + 1)
 
 
 def _store(path: Path, data: dict) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import json
 import math
 import os
@@ -32,6 +33,8 @@ REQUIRED_KEYS_BY_KIND = {"trial": REQUIRED_KEYS,
                          "network": ("schema_version", "kind", "backend", "ranks", "latency_s", "bandwidth_gbs")}
 _MEASURED_NUMBERS = ("peak_allocated_bytes", "peak_reserved_bytes", "seconds_per_step", "num_alloc_retries",
                      "gpu_memory_total_bytes", "params_total", "params_trainable", "tokens_per_second")
+# Where and how a record was taken: keys of duplicate detection, resume and the prior (a dict there crashed them).
+_IDENTITY_FIELDS = ("machine_id", "device", "arch_hash", "source")
 # Types of the trial fields readers compute with (None is allowed where a failed trial measured nothing).
 _TRIAL_FIELD_TYPES = {
     **{key: "an integer" for key in ("micro_batch", "seq_len", "zero_stage", "lora_rank", "gpus", "nodes",
@@ -42,8 +45,9 @@ _TRIAL_FIELD_TYPES = {
     **{key: "a number" for key in _MEASURED_NUMBERS},
     "lora_targets": "a list of strings",
     "step_seconds": "a list of numbers",
+    **{key: "text" for key in _IDENTITY_FIELDS},
 }
-_MAY_BE_NULL = (*_MEASURED_NUMBERS, "gpu_name", "step_seconds")
+_MAY_BE_NULL = (*_MEASURED_NUMBERS, "gpu_name", "step_seconds", *_IDENTITY_FIELDS)
 _RAN_POSITIVE = ("seconds_per_step", "peak_allocated_bytes", "peak_reserved_bytes")  # above 0 in an ok record
 # Upper limits no real trial comes near (1 PiB of memory on one device, a million samples per batch);
 # above them a value is a typo or an attack, and taken into a fit it shows as nonsense such as -129.5 GiB.
@@ -87,7 +91,7 @@ def append_record(path: Path, record: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(record, sort_keys=True) + "\n").encode()
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = open_store(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         if _holds_line(fd, line):  # this very record (timestamp and all) is in already: appending is idempotent
@@ -100,10 +104,50 @@ def append_record(path: Path, record: dict) -> None:
         os.close(fd)
 
 
+def open_store(path: Path) -> int:
+    """A descriptor for appending to a calibration file, created if missing; refused, in one line, when
+    the path is a symlink (as root it could point into any file), not a regular file, or a file holding
+    something other than records (a user's dataset once got a record as its line 51)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        why = "it is a symlink; ftplan does not write through one" if exc.errno == errno.ELOOP else exc.strerror
+        raise FtplanError(f"cannot write calibration file {printable(str(path))}: {why}") from None
+    problem = None if stat.S_ISREG(os.fstat(fd).st_mode) else "not a regular file"
+    if problem is None and not _holds_records(fd):
+        problem = "it holds no ftplan record; give a new file or one ftplan wrote"
+    if problem:
+        os.close(fd)
+        raise FtplanError(f"cannot write calibration file {printable(str(path))}: {problem}")
+    return fd
+
+
+def _holds_records(fd: int, lines: int = 5) -> bool:
+    """Whether a file is empty or one of its first non-blank lines is a record of any kind (it has a schema
+    version): a record torn by a kill may come first, a user's dataset never has one."""
+    with open(os.dup(fd), "rb") as stream:  # a dup shares the file offset: start at 0, and leave it there
+        stream.seek(0)
+        try:
+            first = list(itertools.islice((line for _n, line in _bounded_lines(stream) if line is None or line.strip()),
+                                          lines))
+        finally:
+            stream.seek(0)
+    return not first or any(_is_record_line(line) for line in first)
+
+
+def _is_record_line(line: bytes | None) -> bool:
+    try:
+        record = json.loads(line) if line is not None else None
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(record, dict) and "schema_version" in record
+
+
 def _holds_line(fd: int, line: bytes) -> bool:
     """Whether the file already has this exact line: a calibration that waited on another's claim of a
     trial hands back the record that one wrote, and it must not land twice."""
     with open(os.dup(fd), "rb") as stream:
+        stream.seek(0)
         return any(found == line for _number, found in _bounded_lines(stream))
 
 

@@ -7,6 +7,7 @@ draws progress. torch is imported only by the trial subprocesses, never here.
 from __future__ import annotations
 
 import itertools
+import os
 import shlex
 import signal
 import warnings
@@ -37,6 +38,7 @@ from ftplan.core.settings import ATTENTIONS, PRECISIONS, Setting
 from ftplan.core.units import GIB
 from ftplan.planner.dataset import CHARS_PER_TOKEN, load_lengths
 from ftplan.planner.dataset_plan import calibration_length
+from ftplan.store.records import open_store
 
 # Three small batches fix the lines of the phases they sit in; the verify trials then test the plan
 # itself: on the shipped ladders a safe, median-exact largest batch in about five trials
@@ -145,6 +147,7 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
     if trial_command is None:  # a stand-in trial (tests) needs no GPU
         settings = runnable_here(settings, device)
     out = out or measure.default_records_path()
+    _check_writable(out)  # before reading it: a symlink or a user's own file is refused unread
     machine = machine or measure.machine_id(pinned_machine_id(out))
     quick = device == "cuda" and batch_sizes is None and max_batch is None
     plan = CalibrationPlan(out=out, device=device, steps=steps, verify=quick if verify is None else verify,
@@ -153,7 +156,6 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
                            batch_sizes=QUICK_BATCH_SIZES if quick else batch_sizes,
                            machine_id=machine, command=_command_line(ctx), log_dir=log_dir,
                            trial_command=trial_command)
-    _check_writable(plan.out)
     console.print(f"calibrating {len(settings)} setting(s) on {device}, appending to {plan.out}")
     with _sigterm_as_interrupt(), RichProgress(console) as progress:
         records = calibrate(settings, plan, progress)
@@ -218,9 +220,9 @@ def _check_writable(out: Path) -> None:
     """Fail now, not after the first hour of trials."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.open("a").close()
     except OSError as exc:
         raise FtplanError(f"cannot write calibration file {out}: {exc.strerror}") from None
+    os.close(open_store(out))
 
 
 def _command_line(ctx: click.Context) -> str:

@@ -1,0 +1,60 @@
+"""--gpu-specs FILE: every value checked in one line (optional columns too), names kept as text, a FIFO refused
+at once, and the row's intra_node_gbs used for the links between its GPUs."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ftplan.core.errors import FtplanError
+from ftplan.core.hardware import load_catalog
+from tests.helpers import run_ftplan, within
+
+HEADER = "name,memory_gib,bf16_dense_tflops,memory_bandwidth_gbs,intra_node_gbs,torch_total_gib"
+PLAN = ["plan", "--model", "llama-3.2-1b", "--dataset-size", "10000", "--gpus", "8"]
+
+
+def specs(tmp_path, row: str):
+    path = tmp_path / "specs.csv"
+    path.write_text(f"{HEADER}\n{row}\n")
+    return path
+
+
+@pytest.mark.parametrize("row, words", [
+    ("MINE,80,989,3350,0,", "intra_node_gbs must hold positive numbers"),
+    ("MINE,80,989,3350,-5,", "intra_node_gbs must hold positive numbers"),
+    ("MINE,80,989,3350,abc,", "intra_node_gbs must hold positive numbers"),
+    ("MINE,80,989,3350,,abc", "torch_total_gib must hold positive numbers"),
+    ("MINE,80,989,3350,1e300,", "above 1e+07"),
+    ("MINE,80,989,3350,,1e300", "above 1e+07"),
+    (",80,989,3350,,", "every row needs a name"),
+])
+def test_a_bad_value_is_a_one_line_error_naming_its_column(tmp_path, capsys, monkeypatch, row, words):
+    code, _out, err = run_ftplan([*PLAN, "--gpu", "MINE", "--gpu-specs", specs(tmp_path, row)], capsys, monkeypatch)
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_numeric_name_stays_a_name(tmp_path):
+    catalog = load_catalog(specs(tmp_path, "5090,32,209,1792,,"))
+    assert catalog["5090"].name == "5090"
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "specs.csv"
+    os.mkfifo(fifo)
+    with within(10), pytest.raises(FtplanError, match="not a regular file"):
+        load_catalog(fifo)
+
+
+@pytest.mark.parametrize("gbs", ["900", "5"])
+def test_the_rows_intra_node_bandwidth_prices_the_links_inside_a_node(tmp_path, capsys, monkeypatch, gbs):
+    path = specs(tmp_path, f"MINE,80,989,3350,{gbs},")
+    code, out, err = run_ftplan([*PLAN, "--gpu", "MINE", "--gpu-specs", path], capsys, monkeypatch)
+    assert code == 0, err
+    assert f"inside a node {gbs} GB/s" in out and "intra_node_gbs of MINE in your GPU specs" in out
+
+
+def test_an_infinite_inter_node_bandwidth_is_refused(capsys, monkeypatch):
+    code, _out, err = run_ftplan([*PLAN, "--gpu", "H200", "--inter-node-bandwidth", "1e309"], capsys, monkeypatch)
+    assert code == 2 and "at most" in err, err
