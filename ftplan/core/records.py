@@ -36,7 +36,7 @@ _MEASURED_NUMBERS = ("peak_allocated_bytes", "peak_reserved_bytes", "seconds_per
 _TRIAL_FIELD_TYPES = {
     **{key: "an integer" for key in ("micro_batch", "seq_len", "zero_stage", "lora_rank", "gpus", "nodes")},
     **{key: "true or false" for key in ("offload_optimizer", "liger", "gradient_checkpointing")},
-    **{key: "text" for key in ("model", "setting_key", "precision", "optimizer", "alloc_conf", "gpu_name")},
+    **{key: "text" for key in ("model", "setting_key", "precision", "optimizer", "alloc_conf", "gpu_name", "quantization")},
     **{key: "a number" for key in _MEASURED_NUMBERS},
     "lora_targets": "a list of strings",
     "step_seconds": "a list of numbers",

@@ -20,6 +20,12 @@ from ftplan.core.errors import FtplanError
 PRECISIONS = ("bf16", "bf16-pure", "fp16", "fp32")
 ZERO_STAGES = (0, 1, 2, 3)
 INTEGER_FIELDS = ("seq_len", "zero_stage", "lora_rank", "gpus", "nodes")
+# "" keeps the frozen base in the compute dtype; "nf4" is QLoRA's 4-bit NormalFloat base with double
+# quantization (bitsandbytes, as `BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+# bnb_4bit_use_double_quant=True)` loads it).
+QUANTIZATIONS = ("", "nf4")
+# Fields added after records existed: at their default they stay out of key(), so old keys still match.
+KEYLESS_DEFAULTS = {"quantization": ""}
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,7 @@ class Setting:
     gpus: int = 1
     nodes: int = 1
     alloc_conf: str = ""
+    quantization: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
@@ -58,6 +65,10 @@ class Setting:
             raise FtplanError("optimizer offload needs DeepSpeed ZeRO (stage 1-3)")
         if self.lora_rank < 0:
             raise FtplanError(f"LoRA rank must be >= 0, got {self.lora_rank}")
+        if self.quantization not in QUANTIZATIONS:
+            raise FtplanError(f"quantization must be one of {', '.join(map(repr, QUANTIZATIONS))}, got {self.quantization!r}")
+        if self.quantization and (not self.lora_rank or self.uses_deepspeed or self.precision not in ("bf16", "fp16")):
+            raise FtplanError("a 4-bit (nf4) base is QLoRA: it needs LoRA (--lora-rank), no DeepSpeed, and bf16 or fp16")
         if self.gpus <= 0 or self.nodes <= 0:
             raise FtplanError(f"GPU and node counts must be positive, got gpus={self.gpus} nodes={self.nodes}")
 
@@ -82,13 +93,14 @@ class Setting:
 
     def key(self) -> str:
         """Stable id of the setting, used to group records and to resume calibrations."""
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+        data = {k: v for k, v in self.to_dict().items() if not (k in KEYLESS_DEFAULTS and v == KEYLESS_DEFAULTS[k])}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     def label(self) -> str:
         """Short human-readable name, e.g. 'zero2+offload liger lora16 gc s2048'."""
         parts = [f"zero{self.zero_stage}" + ("+offload" if self.offload_optimizer else "") if self.zero_stage else "ddp"]
         parts.append("liger" if self.liger else "")
-        parts.append(f"lora{self.lora_rank}" if self.lora_rank else "full")
+        parts.append(f"{'q' if self.quantization else ''}lora{self.lora_rank}" if self.lora_rank else "full")
         parts.append("gc" if self.gradient_checkpointing else "")
         parts.append(f"s{self.seq_len}")
         parts.append(self.precision if self.precision != "bf16" else "")
