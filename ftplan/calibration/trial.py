@@ -29,15 +29,45 @@ from ftplan.core.settings import Setting
 EXIT_OK, EXIT_ERROR, EXIT_OOM = 0, 1, 3
 
 
-def _liger_patch(model_type: str):
-    from liger_kernel.transformers import (
-        apply_liger_kernel_to_llama,
-        apply_liger_kernel_to_mistral,
-        apply_liger_kernel_to_qwen2,
-    )
+def apply_liger(model_type: str) -> None:
+    """Liger's patch for the family (its own model_type map), with the kernels that family has: RMSNorm,
+    RoPE, SwiGLU or Gemma's GeGLU, and the fused linear cross-entropy."""
+    import inspect
 
-    return {"llama": apply_liger_kernel_to_llama, "qwen2": apply_liger_kernel_to_qwen2,
-            "mistral": apply_liger_kernel_to_mistral}[model_type]
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+
+    patch = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
+    if patch is None:
+        raise ValueError(f"Liger has no kernels for model_type {model_type!r}")
+    wanted = {"rope": True, "rms_norm": True, "swiglu": True, "geglu": True,
+              "cross_entropy": False, "fused_linear_cross_entropy": True}
+    accepted = inspect.signature(patch).parameters
+    patch(**{k: v for k, v in wanted.items() if k in accepted})
+
+
+def quantize_to_nf4(model, compute_dtype, device: str) -> None:
+    """Replace every nn.Linear of the decoder layers by a bitsandbytes NF4 Linear4bit with double
+    quantization, as `BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+    bnb_4bit_use_double_quant=True)` loads a checkpoint (lm_head and embeddings stay unquantized);
+    moving each to the device quantizes it. transformers' from_config takes no quantization_config, and
+    random weights have no checkpoint to load, so the layers are converted in place."""
+    import bitsandbytes as bnb
+    import torch
+
+    layers = model.get_decoder().layers
+    for module in list(layers.modules()):
+        for name, child in list(module.named_children()):
+            if not isinstance(child, torch.nn.Linear):
+                continue
+            quantized = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                          compute_dtype=compute_dtype, compress_statistics=True, quant_type="nf4",
+                                          device="meta")
+            quantized.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False, quant_type="nf4",
+                                                 compress_statistics=True)
+            if child.bias is not None:
+                quantized.bias = child.bias
+            setattr(module, name, quantized.to(device))
+    model.is_loaded_in_4bit = True
 
 
 def build_model(setting: Setting, device: str):
@@ -52,19 +82,28 @@ def build_model(setting: Setting, device: str):
 
     arch = load_architecture(setting.model)
     if setting.liger:
-        _liger_patch(arch.model_type)(rope=True, rms_norm=True, swiglu=True,
-                                      cross_entropy=False, fused_linear_cross_entropy=True)
+        apply_liger(arch.model_type)
     config = AutoConfig.for_model(**{k: v for k, v in arch.config.items() if not k.startswith("_")})
-    half_base = setting.precision == "bf16-pure" or (setting.lora_rank and setting.precision == "bf16")
-    base_dtype = torch.bfloat16 if half_base else torch.float32
+    half_base = setting.precision == "bf16-pure" or (setting.lora_rank and setting.precision in ("bf16", "fp16"))
+    base_dtype = (torch.float16 if setting.precision == "fp16" else torch.bfloat16) if half_base else torch.float32
     with torch.device(device if device == "cuda" else "cpu"):
         model = AutoModelForCausalLM.from_config(config, dtype=base_dtype)
     model.config.use_cache = False
+    if setting.quantization:
+        from peft import prepare_model_for_kbit_training
+
+        quantize_to_nf4(model, base_dtype, device)
+        if device == "cuda":
+            torch.cuda.empty_cache()  # the bf16 weights just replaced
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=setting.gradient_checkpointing,
+                                                gradient_checkpointing_kwargs={"use_reentrant": False})
     if setting.lora_rank:
         from peft import LoraConfig, get_peft_model
 
+        targets = arch.resolve_lora_targets(setting.lora_targets)
+        all_linear = targets == arch.all_linear_targets()  # as users write it; PEFT adds fused experts itself
         lora = LoraConfig(r=setting.lora_rank, lora_alpha=2 * setting.lora_rank,
-                          target_modules=list(setting.lora_targets), task_type="CAUSAL_LM")
+                          target_modules="all-linear" if all_linear else list(targets), task_type="CAUSAL_LM")
         model = get_peft_model(model, lora)
         if setting.gradient_checkpointing:
             model.enable_input_require_grads()

@@ -259,6 +259,8 @@ class Architecture:
         Phi-3 it names the fused qkv_proj and gate_up_proj, and on Qwen2-MoE the shared expert too."""
         if set(targets) == set(ALL_LINEAR_TARGETS):
             return self.all_linear_targets()
+        if EXPERTS_TARGET in targets and set(targets) != set(self.all_linear_targets()):
+            raise FtplanError(f"LoRA adapts the fused experts of {self.id} only as part of all-linear (the default targets)")
         unknown = set(targets) - set(self.all_linear_targets())
         if unknown:
             raise FtplanError(f"unknown LoRA target module(s) {sorted(unknown)} for {self.id}; "

@@ -61,6 +61,8 @@ SETTING_OPTIONS = (
     click.option("--nodes", type=click.IntRange(min=1), default=None,
                  help="Spread --gpus evenly over exactly this many nodes instead.  [default: as few as "
                       "--gpus-per-node allows]"),
+    click.option("--quantization", type=click.Choice(["", "nf4"]), default="", show_default=True,
+                 help="nf4: QLoRA, LoRA on a 4-bit NormalFloat base with double quantization (needs --lora-rank)."),
     click.option("--alloc-conf", default="", help="PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True."),
 )
 
@@ -98,4 +100,4 @@ def setting_from_options(options: dict) -> Setting:
                    zero_stage=int(options["zero_stage"]), offload_optimizer=options["offload"], liger=options["liger"],
                    lora_rank=options["lora_rank"], lora_targets=options["lora_targets"],
                    gradient_checkpointing=options["gradient_checkpointing"], gpus=per_node,
-                   nodes=nodes, alloc_conf=options["alloc_conf"])
+                   nodes=nodes, alloc_conf=options["alloc_conf"], quantization=options["quantization"])
