@@ -30,6 +30,31 @@ from ftplan.core.settings import Setting
 EXIT_OK, EXIT_ERROR, EXIT_OOM = 0, 1, 3
 
 
+def quantize_to_nf4(model, compute_dtype, device: str) -> None:
+    """Replace every nn.Linear of the decoder layers by a bitsandbytes NF4 Linear4bit with double
+    quantization, as `BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+    bnb_4bit_use_double_quant=True)` loads a checkpoint (lm_head and embeddings stay unquantized);
+    moving each to the device quantizes it. transformers' from_config takes no quantization_config, and
+    random weights have no checkpoint to load, so the layers are converted in place."""
+    import bitsandbytes as bnb
+    import torch
+
+    layers = model.get_decoder().layers
+    for module in list(layers.modules()):
+        for name, child in list(module.named_children()):
+            if not isinstance(child, torch.nn.Linear):
+                continue
+            quantized = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                          compute_dtype=compute_dtype, compress_statistics=True, quant_type="nf4",
+                                          device="meta")
+            quantized.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False, quant_type="nf4",
+                                                 compress_statistics=True)
+            if child.bias is not None:
+                quantized.bias = child.bias
+            setattr(module, name, quantized.to(device))
+    model.is_loaded_in_4bit = True
+
+
 def build_model(setting: Setting, device: str):
     """The architecture with random weights, loaded as the recipe loads it (ftplan.core.recipe.model_arguments:
     dtype and attention implementation) and with its LoRA adapters; Liger is the Trainer's use_liger_kernel,
@@ -40,14 +65,25 @@ def build_model(setting: Setting, device: str):
     arch = load_architecture(setting.model)
     config = AutoConfig.for_model(**{k: v for k, v in arch.config.items() if not k.startswith("_")})
     loading = recipe.model_arguments(setting)
+    base_dtype = getattr(torch, loading["dtype"])
     with torch.device(device if device == "cuda" else "cpu"):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, loading["dtype"]),
                                                  attn_implementation=loading["attn_implementation"])
     model.config.use_cache = False
+    if setting.quantization:
+        from peft import prepare_model_for_kbit_training
+
+        quantize_to_nf4(model, base_dtype, device)
+        if device == "cuda":
+            torch.cuda.empty_cache()  # the bf16 weights just replaced
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=setting.gradient_checkpointing,
+                                                gradient_checkpointing_kwargs={"use_reentrant": False})
     lora = recipe.lora_arguments(setting)
     if lora:
         from peft import LoraConfig, get_peft_model
 
+        if arch.resolve_lora_targets(setting.lora_targets) == arch.all_linear_targets():
+            lora["target_modules"] = "all-linear"  # as users write it; PEFT adds fused experts itself
         model = get_peft_model(model, LoraConfig(**lora))
         if setting.gradient_checkpointing:
             model.enable_input_require_grads()

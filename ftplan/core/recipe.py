@@ -49,8 +49,9 @@ def model_arguments(setting: Setting) -> dict:
     Full fine-tuning under bf16 mixed precision keeps fp32 weights (the Trainer autocasts); a LoRA base is
     frozen in bf16; bf16-pure loads everything in bf16, as `dtype=torch.bfloat16` does.
     """
-    half = setting.precision == "bf16-pure" or (setting.lora_rank > 0 and setting.precision == "bf16")
-    return {"dtype": "bfloat16" if half else "float32", "attn_implementation": setting.attention}
+    half = setting.precision == "bf16-pure" or (setting.lora_rank > 0 and setting.precision in ("bf16", "fp16"))
+    dtype = ("float16" if setting.precision == "fp16" else "bfloat16") if half else "float32"
+    return {"dtype": dtype, "attn_implementation": setting.attention}
 
 
 def lora_arguments(setting: Setting) -> dict | None:

@@ -97,7 +97,8 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
          calibrations: Sequence[Path | str] = (), gpu_specs: Path | str | None = None,
          dataset: Path | str | None = None, dataset_options: DatasetOptions | None = None,
          text_field: str | None = None, ids_field: str | None = None, tokenizer: Path | str | None = None,
-         chars_per_token: float | None = None, attention: str = "sdpa", alloc_conf: str = "") -> PlanResult:
+         chars_per_token: float | None = None, allow: Sequence[str] = (), attention: str = "sdpa",
+         alloc_conf: str = "") -> PlanResult:
     """Every setup ranked for this run, as `ftplan plan` with the same options (gpus: a count, or '1..64').
 
     The run's recipe: samples padded to seq_len with a padding mask (the collator --emit writes), or with a
@@ -138,7 +139,8 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
     request = PlanRequest(base=base, dataset_size=size, epochs=epochs, gpu=card,
                           budget=evidence.budget(card, safety_margin, context_reserve_gib),
                           price_per_gpu_hour=price_per_hour, max_hours=max_hours, by=by, training=training,
-                          lora_ranks=tuple(lora_ranks), host_memory_gib=host_memory_gib, precision=precision)
+                          lora_ranks=tuple(lora_ranks), host_memory_gib=host_memory_gib, precision=precision,
+                          allow=tuple(allow))
     extra = list(dict.fromkeys(s.with_(padding=base.padding, attention=base.attention)
                                for s in evidence.calibrated_settings(model)))  # other recipes inform as relatives
     failed = evidence.failed_trials(model)

@@ -33,6 +33,7 @@ from ftplan.cli.commands.dataset_options import check_dataset_options, dataset_o
 from ftplan.cli.commands.options import positive_int_list
 from ftplan.cli.main import Dependencies
 from ftplan.core.architecture import ALL_LINEAR_TARGETS, load_architecture
+from ftplan.models.bytes_per_param import OPTIMIZER_STATE_BYTES
 from ftplan.core.errors import FtplanError
 from ftplan.core.settings import ATTENTIONS, PRECISIONS, Setting
 from ftplan.core.units import GIB
@@ -90,6 +91,10 @@ def _switch(value: str) -> tuple[bool, ...]:
 @click.option("--precision", type=click.Choice(PRECISIONS), default=None,
               help="Precision of training: bf16 mixed precision, bf16-pure (model loaded in bf16), fp16 or fp32.  "
                    "[default: bf16 on cuda; fp32 on cpu, which trains fastest without bf16 units]")
+@click.option("--quantization", type=click.Choice(["", "nf4"]), default="", show_default=True,
+              help="nf4: QLoRA, LoRA (--lora-rank) on a 4-bit NF4 base with double quantization (bitsandbytes).")
+@click.option("--optimizer", type=click.Choice(sorted(OPTIMIZER_STATE_BYTES)), default="adamw_torch", show_default=True,
+              help="Trainer `optim`, e.g. paged_adamw_8bit (bitsandbytes) for QLoRA.")
 @click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs (ranks) per trial.")
 @click.option("--batch-sizes", callback=positive_int_list("batch sizes"), default=None,
               help="Comma-separated micro-batches to run.  [default on cuda: 1,2,4 then --verify]")
@@ -122,7 +127,7 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
             tokenizer: Path | None, chars_per_token: float | None, too_long: str,
             zero_stages: tuple[int, ...], offload: str, liger: str,
             gradient_checkpointing: str, lora_ranks: tuple[int, ...], lora_targets: tuple[str, ...],
-            precision: str | None,
+            precision: str | None, quantization: str, optimizer: str,
             gpus: int,
             batch_sizes: tuple[int, ...] | None, max_batch: int | None, verify: bool | None, steps: int, warmup_steps: int,
             timeout: float, alloc_conf: str, paddings: tuple[str, ...], attention: str, log_dir: Path | None) -> None:
@@ -141,7 +146,7 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
     ctx.params.update(seq_lens=seq_lens, precision=precision)  # the command line kept in every record names them
     settings = expand_settings(models, seq_lens, zero_stages, _switch(offload), _switch(liger),
                                _switch(gradient_checkpointing), lora_ranks, lora_targets, precision, gpus, alloc_conf,
-                               paddings, attention)
+                               paddings, attention, quantization=quantization, optimizer=optimizer)
     dependencies = ctx.find_object(Dependencies)
     trial_command = dependencies.trial_command if dependencies else None
     if trial_command is None:  # a stand-in trial (tests) needs no GPU
@@ -176,10 +181,13 @@ def dataset_seq_len(dataset: Path, text_field: str | None, ids_field: str | None
 
 
 def expand_settings(models, seq_lens, zero_stages, offloads, ligers, checkpointings, lora_ranks, lora_targets,
-                    precision, gpus, alloc_conf, paddings=("max_length",), attention="sdpa") -> list[Setting]:
+                    precision, gpus, alloc_conf, paddings=("max_length",), attention="sdpa", quantization: str = "",
+                    optimizer: str = "adamw_torch") -> list[Setting]:
     """The cartesian product of the options; offload is only combined with ZeRO stages that support it."""
     if offloads == (True,) and 0 in zero_stages:
         raise FtplanError("--offload on needs DeepSpeed ZeRO: use --zero-stage 1-3 (or --offload both)")
+    if quantization and not all(lora_ranks):
+        raise FtplanError("--quantization nf4 is QLoRA: every --lora-rank must be above 0")
     if lora_targets != ALL_LINEAR_TARGETS and not any(lora_ranks):
         raise FtplanError("--lora-targets needs a --lora-rank above 0")
     for model in models:
@@ -195,7 +203,7 @@ def expand_settings(models, seq_lens, zero_stages, offloads, ligers, checkpointi
                                 gradient_checkpointing=gc, lora_rank=rank,
                                 lora_targets=lora_targets if rank else ALL_LINEAR_TARGETS,
                                 precision=precision, gpus=gpus, alloc_conf=alloc_conf, padding=padding,
-                                attention=attention))
+                                attention=attention, quantization=quantization, optimizer=optimizer))
     return list(dict.fromkeys(settings))
 
 

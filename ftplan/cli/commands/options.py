@@ -59,6 +59,8 @@ SETTING_OPTIONS = (
     click.option("--nodes", type=click.IntRange(min=1), default=None,
                  help="Spread --gpus evenly over exactly this many nodes instead.  [default: as few as "
                       "--gpus-per-node allows]"),
+    click.option("--quantization", type=click.Choice(["", "nf4"]), default="", show_default=True,
+                 help="nf4: QLoRA, LoRA on a 4-bit NormalFloat base with double quantization (needs --lora-rank)."),
     click.option("--alloc-conf", default="", help="PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True."),
     click.option("--padding", type=click.Choice(PADDINGS), default="max_length", show_default=True,
                  help="How the collator shapes batches: max_length/longest pad with a mask (SDPA's masked path), "
@@ -102,4 +104,4 @@ def setting_from_options(options: dict) -> Setting:
                    lora_rank=options["lora_rank"], lora_targets=options["lora_targets"],
                    gradient_checkpointing=options["gradient_checkpointing"], gpus=per_node,
                    nodes=nodes, alloc_conf=options["alloc_conf"], padding=options["padding"],
-                   attention=options["attention"])
+                   attention=options["attention"], quantization=options["quantization"])
