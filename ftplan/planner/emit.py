@@ -17,6 +17,7 @@ import stat
 from pathlib import Path
 
 from ftplan.calibration.deepspeed_config import deepspeed_config
+from ftplan.core import recipe
 from ftplan.core.errors import FtplanError
 from ftplan.core.settings import Setting
 from ftplan.models.eta import format_duration
@@ -62,14 +63,8 @@ def training_args(setting: Setting, micro_batch: int, epochs: float, output_dir:
         "gradient_accumulation_steps": accumulation,
         **(sampler or {}),
         "num_train_epochs": epochs,
-        "optim": setting.optimizer,
-        "bf16": setting.precision in ("bf16", "bf16-pure"),
-        "fp16": setting.precision == "fp16",
-        "gradient_checkpointing": setting.gradient_checkpointing,
-        "use_liger_kernel": setting.liger,
+        **recipe.trainer_arguments(setting),  # the calibration trial's own arguments
     }
-    if setting.gradient_checkpointing:
-        args["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
     if ds_config_path is not None:
         args["deepspeed"] = ds_config_path
     return args
