@@ -20,7 +20,7 @@ def test_calibrate_families_runs_every_command_on_a_cpu(tmp_path):
     pytest.importorskip("peft")
     env = {**os.environ, "DEVICE": "cpu", "OUT": str(tmp_path), "SEQ": "32", "LADDER_TOP": "2",
            "PYTHON": sys.executable, "PYTHONPATH": str(ROOT), "BUDGET": "900",
-           "QWEN3": str(TINY / "tiny-qwen3.json"), "GEMMA": str(TINY / "tiny-gemma2.json"),
+           "QWEN3": str(TINY / "tiny-qwen3.json"), "GEMMA": str(TINY / "tiny-gemma3.json"),
            "PHI": str(TINY / "tiny-phi3.json"), "MOE": str(TINY / "tiny-olmoe.json"), "BIG": "tiny-llama"}
     run = subprocess.run(["bash", str(ROOT / "benchmarks/gpu/calibrate_families.sh")], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=900)
@@ -29,5 +29,5 @@ def test_calibrate_families_runs_every_command_on_a_cpu(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "families.jsonl").read_text().splitlines()]
     assert records and all(r["status"] == "ok" for r in records), [r.get("message") for r in records]
     assert {r["model"].rsplit("/", 1)[-1] for r in records} == {
-        "tiny-qwen3.json", "tiny-gemma2.json", "tiny-phi3.json", "tiny-olmoe.json", "tiny-llama"}
+        "tiny-qwen3.json", "tiny-gemma3.json", "tiny-phi3.json", "tiny-olmoe.json", "tiny-llama"}
     assert any(r["quantization"] == "nf4" and r["optimizer"] == "paged_adamw_8bit" for r in records)
