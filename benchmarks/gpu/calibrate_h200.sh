@@ -46,6 +46,16 @@ case "${1:?call number}" in
     timeout 240 python3 benchmarks/dataset_memory.py --device cuda --model qwen2.5-0.5b --samples 0 \
       --max-length 2048 --batch-sizes 4,8 2>&1 | tail -n 30
     cal --model llama-3.2-1b --gradient-checkpointing on --max-batch 64 --steps 2 --warmup-steps 1 ;;
+5)  # issue 24: padded, masked batches (the emitted collator's) against unmasked rows at three GQA ratios
+    # (query/KV heads 14/2, 32/8, 16/16), then the masked ladders of the settings most plans use
+    for model in qwen2.5-0.5b llama-3.2-1b qwen1.5-0.5b; do
+      cal --model "$model" --padding max_length --padding none --batch-sizes 1,4,8 --no-verify --steps 3 --warmup-steps 1
+    done
+    python3 benchmarks/gpu/mask_path.py "$out"
+    cal --model qwen2.5-0.5b --padding max_length --max-batch 64 --steps 3 --warmup-steps 1
+    cal --model llama-3-8b --lora-rank 16 --padding max_length --max-batch 64 --steps 2 --warmup-steps 1
+    cal --model llama-3.2-1b --padding max_length --max-batch 64 --steps 3 --warmup-steps 1
+    cal --model qwen2.5-0.5b --liger on --padding max_length --max-batch 64 --steps 3 --warmup-steps 1 ;;
 *)  echo "unknown call $1"; exit 2 ;;
 esac
 echo "== done after $((SECONDS - start)) s"
