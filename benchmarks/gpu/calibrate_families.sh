@@ -23,7 +23,7 @@ cal() {
   if [ "$left" -lt 30 ]; then echo "SKIPPED (budget): ftplan calibrate $*"; return; fi
   echo "== $(date +%T) ${left}s left: ftplan calibrate $*"
   timeout "$left" "$python_bin" -m ftplan calibrate --device "$device" --out "$out" --seq-len "$seq" \
-    --timeout 180 --steps 2 --warmup-steps 1 --log-dir /tmp/ftplan-logs "$@" 2>&1 | tail -n 8
+    --timeout 180 --steps 2 --warmup-steps 1 --padding "${PADDING:-max_length}" --machine device-nvidia-h200 --log-dir /tmp/ftplan-logs "$@" 2>&1 | tail -n 8
 }
 
 # Most wanted first, so the budget cuts the cheapest: QLoRA on the 8B model, the MoE, Phi-3, Gemma 3
