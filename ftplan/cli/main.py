@@ -15,7 +15,7 @@ import warnings
 
 import click
 
-from ftplan.core.errors import FtplanError
+from ftplan.core.errors import EXIT_DOES_NOT_FIT, DoesNotFit, FtplanError
 from ftplan.store.records import printable
 
 EXIT_USER_ERROR = 2
@@ -93,10 +93,12 @@ def main(argv: list[str] | None = None) -> None:
     _degrade_output_encoding()
     warnings.showwarning = _one_line_warning
     try:
-        cli.main(args=argv, prog_name="ftplan", standalone_mode=False)
+        code = cli.main(args=argv, prog_name="ftplan", standalone_mode=False)  # a ctx.exit(N) comes back as N
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except FtplanError as exc:
         click.echo(f"error: {printable(' '.join(str(exc).split()))}", err=True)  # one line even when it quotes a newline
-        sys.exit(EXIT_USER_ERROR)
+        sys.exit(EXIT_DOES_NOT_FIT if isinstance(exc, DoesNotFit) else EXIT_USER_ERROR)
     except click.UsageError as exc:
         click.echo(_usage_line(exc), err=True)
         sys.exit(exc.exit_code)

@@ -23,7 +23,7 @@ from ftplan.cli.render import (
     print_plan,
     print_scaling,
 )
-from ftplan.core.errors import FtplanError
+from ftplan.core.errors import EXIT_DOES_NOT_FIT, DoesNotFit, FtplanError
 from ftplan.core.settings import PRECISIONS
 from ftplan.models.batching import STRATEGIES
 from ftplan.models.scaling import DEFAULT_GPUS_PER_NODE
@@ -127,9 +127,11 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
             console.print(f"note: {note}")
     if emit is not None:
         if plan is None or plan.recommended is None:
-            raise FtplanError("nothing to emit: no setup was recommended")
+            raise DoesNotFit("nothing to emit: no setup was recommended")
         from ftplan.planner.emit import README, write_configs
         written = write_configs(emit, plan.recommended, plan.request, force, result.dataset_plan)
         click.echo(f"wrote {', '.join(str(p) for p in written)}", err=as_json)
         click.echo(f"use them: `from training_args import training_arguments, data_collator` in train.py "
                    f"(how: {emit / README})", err=as_json)
+    if plan is not None and plan.recommended is None:  # all too slow for --max-hours, or of the wrong kind
+        raise click.exceptions.Exit(EXIT_DOES_NOT_FIT)
