@@ -63,15 +63,13 @@ def write_external_jsonl(path):
     return path
 
 
-def run_ftplan(args, capsys, monkeypatch):
-    """Run the real entry point in-process: (exit code, stdout, stderr), as a user's shell would see them."""
-    import warnings
-
+def run_ftplan(args, capsys, monkeypatch, trial_command=None):
+    """Run the real entry point in-process: (exit code, stdout, stderr), as a user's shell would see them;
+    trial_command: a stand-in for the real trial."""
     from ftplan.cli.main import main
 
-    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main() replaces it; restore afterwards
     try:
-        main(list(map(str, args)))
+        main(list(map(str, args)), trial_command=trial_command)
         code = 0
     except SystemExit as exc:
         code = exc.code or 0

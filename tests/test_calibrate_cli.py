@@ -10,12 +10,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ftplan.calibration import launcher
 from ftplan.core.architecture import load_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.store.records import RecordWarning, read_records
 from ftplan.models.fitset import FitSet
-from ftplan.cli.main import cli
+from ftplan.cli.main import Dependencies, cli
 from tests.helpers import planned_batch_fits
 
 FAKE_TRIAL = (sys.executable, str(Path(__file__).parent / "fixtures" / "fake_trial.py"))
@@ -24,13 +23,14 @@ FAKE_TRIAL = (sys.executable, str(Path(__file__).parent / "fixtures" / "fake_tri
 @pytest.fixture
 def fake_trial(monkeypatch):
     """Trials run the fake; the returned function sets its behaviour (see tests/fixtures/fake_trial.py)."""
-    monkeypatch.setattr(launcher, "TRIAL_COMMAND", FAKE_TRIAL)
     return lambda **behaviour: monkeypatch.setenv("FAKE_TRIAL", json.dumps(behaviour))
 
 
-def calibrate(out: Path, *args: str, seq_len: int = 64):
+def calibrate(out: Path, *args: str, seq_len: int = 64, trial_command=FAKE_TRIAL):
+    """Calibrate the tiny model on the CPU; trial_command None runs the real trial."""
     return CliRunner().invoke(cli, ["calibrate", "--model", "tiny-llama", "--device", "cpu", "--seq-len", str(seq_len),
-                                    "--machine", "test-box", "--out", str(out), *args], terminal_width=200)
+                                    "--machine", "test-box", "--out", str(out), *args], terminal_width=200,
+                              obj=Dependencies(trial_command))
 
 
 def trials(out: Path) -> list[tuple[int, int, str]]:
@@ -77,7 +77,7 @@ def test_rerunning_the_recorded_command_runs_nothing_again_but_retries_errors(fa
     calibrate(out, "--max-batch", "8")
     fake_trial()
     command = read_records([out])[0]["command"]
-    result = CliRunner().invoke(cli, shlex.split(command)[1:])
+    result = CliRunner().invoke(cli, shlex.split(command)[1:], obj=Dependencies(FAKE_TRIAL))
     assert result.exit_code == 0, result.output
     assert [(b, s) for _, b, s in trials(out)] == [(1, "ok"), (2, "ok"), (4, "error"), (4, "ok"), (8, "ok")]
 
@@ -127,7 +127,7 @@ def test_a_real_cpu_calibration_of_the_tiny_model_fits_and_plans_within_its_budg
     pytest.importorskip("transformers")
     out = tmp_path / "c.jsonl"
     result = calibrate(out, "--batch-sizes", "1,2,4", "--precision", "fp32", "--steps", "2", "--warmup-steps", "1",
-                       "--timeout", "120", seq_len=512)
+                       "--timeout", "120", seq_len=512, trial_command=None)
     assert result.exit_code == 0, result.output
     records = read_records([out])
     assert [(r["micro_batch"], r["status"]) for r in records] == [(1, "ok"), (2, "ok"), (4, "ok")], \

@@ -23,7 +23,6 @@ def no_torch(monkeypatch):
                                   ["calibrate-network"]])
 def test_without_torch_the_command_names_the_extra_and_writes_nothing(no_torch, monkeypatch, tmp_path, capsys, args):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(launcher, "TRIAL_COMMAND", launcher.REAL_TRIAL_COMMAND)
     with pytest.raises(SystemExit) as exit_:
         main(args)
     err = capsys.readouterr().err

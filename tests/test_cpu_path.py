@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from ftplan.calibration import launcher
 from ftplan.calibration.trial import MAX_WARMUP_STEPS, warmup_done
 from ftplan.core.hardware import CPU, find_gpu, host_memory_bytes, load_catalog
 from ftplan.store.records import read_records
@@ -22,11 +21,10 @@ FAKE_TRIAL = (sys.executable, str(Path(__file__).parent / "fixtures" / "fake_tri
 
 
 def test_calibrate_on_a_cpu_defaults_to_a_short_fp32_ladder(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(launcher, "TRIAL_COMMAND", FAKE_TRIAL)
     monkeypatch.setenv("FAKE_TRIAL", "{}")
     out = tmp_path / "cpu.jsonl"
     code, _, err = run_ftplan(["calibrate", "--model", "tiny-llama", "--device", "cpu", "--machine", "box",
-                               "--out", out], capsys, monkeypatch)
+                               "--out", out], capsys, monkeypatch, trial_command=FAKE_TRIAL)
     assert code == 0, err
     records = read_records([out])
     assert [(r["seq_len"], r["precision"], r["micro_batch"]) for r in records] == [(256, "fp32", b) for b in (1, 2, 4)]
@@ -35,11 +33,10 @@ def test_calibrate_on_a_cpu_defaults_to_a_short_fp32_ladder(tmp_path, capsys, mo
 
 
 def test_a_gpu_calibration_keeps_its_defaults(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(launcher, "TRIAL_COMMAND", FAKE_TRIAL)
     monkeypatch.setenv("FAKE_TRIAL", "{}")
     out = tmp_path / "gpu.jsonl"
     code, _, err = run_ftplan(["calibrate", "--model", "tiny-llama", "--device", "cuda", "--machine", "box",
-                               "--batch-sizes", "1", "--out", out], capsys, monkeypatch)
+                               "--batch-sizes", "1", "--out", out], capsys, monkeypatch, trial_command=FAKE_TRIAL)
     assert code == 0, err
     assert [(r["seq_len"], r["precision"]) for r in read_records([out])] == [(2048, "bf16")]
 

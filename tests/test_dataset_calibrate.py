@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from ftplan.calibration import launcher
 from ftplan.store.records import read_records
 from tests.helpers import run_ftplan
 
@@ -20,7 +19,6 @@ LENGTHS = (10, 20, 30, 300)
 
 @pytest.fixture
 def fake_trial(monkeypatch):
-    monkeypatch.setattr(launcher, "TRIAL_COMMAND", FAKE_TRIAL)
     monkeypatch.setenv("FAKE_TRIAL", "{}")
 
 
@@ -30,10 +28,11 @@ def _dataset(tmp_path) -> Path:
     return path
 
 
-def _calibrate(tmp_path, capsys, monkeypatch, *args):
+def _calibrate(tmp_path, capsys, monkeypatch, *args, trial_command=FAKE_TRIAL):
     out = tmp_path / "c.jsonl"
     code, stdout, err = run_ftplan(["calibrate", "--model", "tiny-llama", "--device", "cpu", "--machine", "box",
-                                    "--out", out, "--batch-sizes", "1", *args], capsys, monkeypatch)
+                                    "--out", out, "--batch-sizes", "1", *args], capsys, monkeypatch,
+                                   trial_command=trial_command)
     return code, stdout, err, out
 
 
@@ -49,7 +48,7 @@ def test_the_recorded_command_resumes_without_running_again(fake_trial, tmp_path
     code, _, err, out = _calibrate(tmp_path, capsys, monkeypatch, "--dataset", _dataset(tmp_path))
     assert code == 0, err
     command = shlex.split(read_records([out])[0]["command"])[1:]
-    code, stdout, err = run_ftplan(command, capsys, monkeypatch)
+    code, stdout, err = run_ftplan(command, capsys, monkeypatch, trial_command=FAKE_TRIAL)
     assert code == 0, err
     assert "0 new record(s)" in stdout
 
@@ -94,7 +93,7 @@ def test_dataset_options_without_a_dataset_are_refused(fake_trial, tmp_path, cap
 def test_a_real_cpu_trial_measures_at_the_longest_sample(tmp_path, capsys, monkeypatch):
     """The real trial (tiny-llama on the CPU, one measured step) runs at the dataset's length."""
     code, _, err, out = _calibrate(tmp_path, capsys, monkeypatch, "--dataset", _dataset(tmp_path),
-                                   "--steps", 1, "--warmup-steps", 0)
+                                   "--steps", 1, "--warmup-steps", 0, trial_command=None)
     assert code == 0, err
     (record,) = read_records([out])
     assert record["status"] == "ok", record.get("message")

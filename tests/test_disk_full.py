@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from ftplan.calibration import launcher
 from ftplan.core.errors import FtplanError
 from ftplan.store.records import append_record, build_record, read_records
 from ftplan.core.settings import Setting
@@ -51,11 +50,10 @@ def test_a_short_or_failed_append_raises_one_line_and_leaves_the_file_as_it_was(
 
 def test_calibrate_on_a_full_disk_exits_non_zero_with_one_line_and_no_torn_record(tmp_path, monkeypatch, capsys):
     out = tmp_path / "c.jsonl"
-    monkeypatch.setattr(launcher, "TRIAL_COMMAND", FAKE_TRIAL)
     monkeypatch.setenv("FAKE_TRIAL", json.dumps({}))
     fill_disk(monkeypatch, out, 25)
     code, _out, err = run_ftplan(["calibrate", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "64",
-                                  "--max-batch", "2", "--machine", "box", "--out", out], capsys, monkeypatch)
+                                  "--max-batch", "2", "--machine", "box", "--out", out], capsys, monkeypatch, trial_command=FAKE_TRIAL)
     assert code != 0
     assert err.strip().count("\n") == 0 and "No space left on device" in err, err
     assert "Traceback" not in err

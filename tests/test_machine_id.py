@@ -8,7 +8,7 @@ import socket
 import sys
 from pathlib import Path
 
-from ftplan.calibration import launcher, measure
+from ftplan.calibration import measure
 from ftplan.store.records import read_records
 from tests.helpers import run_ftplan
 
@@ -19,10 +19,9 @@ ARGS = ["calibrate", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "6
 def calibrate_on(host: str, args: list, starts: Path, capsys, monkeypatch) -> list[str]:
     """Run calibrate as if on a host of this name; the trials it started."""
     monkeypatch.setattr(socket, "gethostname", lambda: host)
-    monkeypatch.setattr(launcher, "TRIAL_COMMAND", FAKE_TRIAL)
     monkeypatch.setenv("FAKE_TRIAL", json.dumps({"log": str(starts)}))
     starts.write_text("")
-    code, _out, err = run_ftplan([*ARGS, *args], capsys, monkeypatch)
+    code, _out, err = run_ftplan([*ARGS, *args], capsys, monkeypatch, trial_command=FAKE_TRIAL)
     assert code == 0, err
     return starts.read_text().splitlines()
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from ftplan.calibration import launcher
 from ftplan.store.records import read_records
 from tests.helpers import run_ftplan
 
@@ -26,13 +25,12 @@ HANG_TIMEOUT = 12  # seconds; more than two ranks need to import torch and join 
 
 def _calibrate_with_fault(tmp_path, capsys, monkeypatch, *, gpus: int, fault: dict, timeout: float):
     """Run `ftplan calibrate` in-process with gloo ranks; return (exit code, the one record, rank logs, seconds)."""
-    monkeypatch.setattr(launcher, "TRIAL_COMMAND", RANK_SCRIPT)
     monkeypatch.setenv("FAULT", json.dumps(fault))
     out, logs = tmp_path / "c.jsonl", tmp_path / "logs"
     started = time.time()
     code, _out, err = run_ftplan(["calibrate", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "64",
                                   "--gpus", gpus, "--batch-sizes", "1", "--timeout", timeout, "--machine", "test-box",
-                                  "--out", out, "--log-dir", logs], capsys, monkeypatch)
+                                  "--out", out, "--log-dir", logs], capsys, monkeypatch, trial_command=RANK_SCRIPT)
     ended = time.time()
     assert "Traceback" not in err
     (record,) = read_records([out])

@@ -28,7 +28,6 @@ from ftplan.core.errors import FtplanError
 from ftplan.core.settings import Setting
 
 REAL_TRIAL_COMMAND = (sys.executable, "-m", "ftplan.calibration.trial")
-TRIAL_COMMAND = REAL_TRIAL_COMMAND  # tests swap in stand-ins here, which need no GPU and no Liger
 EXIT_OK, EXIT_OOM = 0, 3
 POLL_SECONDS = 0.1
 KILL_GRACE_SECONDS = 5.0
@@ -129,7 +128,7 @@ def run_trial(spec: TrialSpec, timeout: float, trial_command: Sequence[str] | No
               log_dir: Path | None = None) -> TrialOutcome:
     """Launch every rank of one trial and wait until all have ended (or been ended).
 
-    trial_command defaults to TRIAL_COMMAND, looked up at call time (tests swap in fakes there).
+    trial_command defaults to REAL_TRIAL_COMMAND; callers (tests) pass stand-ins that need no GPU.
     Rank logs go to log_dir (kept) when given, else to a temporary folder; a failed rank's last
     log line ends up in its message either way.
     """
@@ -143,7 +142,7 @@ def run_trial(spec: TrialSpec, timeout: float, trial_command: Sequence[str] | No
         logs = [Path(log_dir or workdir) / f"{spec.setting.key()}-b{spec.micro_batch}-rank{rank}.log"
                 for rank in range(spec.setting.world_size)]
         (workdir / "spec.json").write_text(json.dumps(spec.to_dict()))
-        ended = run_ranks(_trial_launches(spec, workdir, logs, trial_command or TRIAL_COMMAND), timeout)
+        ended = run_ranks(_trial_launches(spec, workdir, logs, trial_command or REAL_TRIAL_COMMAND), timeout)
         outcomes = [_rank_outcome(rank, code, workdir / f"result-rank{rank}.json", logs[rank],
                                   ended.reason if rank in ended.stopped else "")
                     for rank, code in enumerate(ended.returncodes)]

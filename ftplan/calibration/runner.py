@@ -47,8 +47,8 @@ class CalibrationPlan:
     machine_id: str = ""
     command: str = ""
     log_dir: Path | None = None
-    trial_command: tuple[str, ...] | None = None
-    verify: bool = False  # after the listed batches, run the batch the planner would recommend (calibration/verify.py)  # None: the real trial, ftplan.calibration.launcher.TRIAL_COMMAND
+    trial_command: tuple[str, ...] | None = None  # None: the real trial, launcher.REAL_TRIAL_COMMAND
+    verify: bool = False  # after the listed batches, run the batch the planner would recommend (calibration/verify.py)
 
 
 class CalibrationProgress:

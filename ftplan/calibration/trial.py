@@ -23,56 +23,100 @@ from pathlib import Path
 
 from ftplan.calibration import measure
 from ftplan.calibration.deepspeed_config import deepspeed_config
+from ftplan.core import recipe
 from ftplan.core.architecture import load_architecture
 from ftplan.core.settings import Setting
 
 EXIT_OK, EXIT_ERROR, EXIT_OOM = 0, 1, 3
 
 
-def _liger_patch(model_type: str):
-    from liger_kernel.transformers import (
-        apply_liger_kernel_to_llama,
-        apply_liger_kernel_to_mistral,
-        apply_liger_kernel_to_qwen2,
-    )
+def quantize_to_nf4(model, compute_dtype, device: str) -> None:
+    """Replace every nn.Linear of the decoder layers by a bitsandbytes NF4 Linear4bit with double
+    quantization, as `BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+    bnb_4bit_use_double_quant=True)` loads a checkpoint (lm_head and embeddings stay unquantized);
+    moving each to the device quantizes it. transformers' from_config takes no quantization_config, and
+    random weights have no checkpoint to load, so the layers are converted in place."""
+    import bitsandbytes as bnb
+    import torch
 
-    return {"llama": apply_liger_kernel_to_llama, "qwen2": apply_liger_kernel_to_qwen2,
-            "mistral": apply_liger_kernel_to_mistral}[model_type]
+    layers = model.get_decoder().layers
+    for module in list(layers.modules()):
+        for name, child in list(module.named_children()):
+            if not isinstance(child, torch.nn.Linear):
+                continue
+            quantized = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                          compute_dtype=compute_dtype, compress_statistics=True, quant_type="nf4",
+                                          device="meta")
+            quantized.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False, quant_type="nf4",
+                                                 compress_statistics=True)
+            if child.bias is not None:
+                quantized.bias = child.bias
+            setattr(module, name, quantized.to(device))
+    model.is_loaded_in_4bit = True
 
 
 def build_model(setting: Setting, device: str):
-    """The architecture with random weights, prepared for the setting (Liger patch, LoRA adapters).
-
-    Full fine-tuning without DeepSpeed keeps fp32 weights under bf16 autocast, as the Trainer does;
-    DeepSpeed casts to bf16 itself and keeps fp32 masters in the optimizer; LoRA freezes a bf16 base;
-    bf16-pure loads the whole model in bf16, as `from_pretrained(..., torch_dtype=torch.bfloat16)` does.
-    """
+    """The architecture with random weights, loaded as the recipe loads it (ftplan.core.recipe.model_arguments:
+    dtype and attention implementation) and with its LoRA adapters; Liger is the Trainer's use_liger_kernel,
+    as in the emitted config."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     arch = load_architecture(setting.model)
-    if setting.liger:
-        _liger_patch(arch.model_type)(rope=True, rms_norm=True, swiglu=True,
-                                      cross_entropy=False, fused_linear_cross_entropy=True)
     config = AutoConfig.for_model(**{k: v for k, v in arch.config.items() if not k.startswith("_")})
-    half_base = setting.precision == "bf16-pure" or (setting.lora_rank and setting.precision == "bf16")
-    base_dtype = torch.bfloat16 if half_base else torch.float32
+    loading = recipe.model_arguments(setting)
+    base_dtype = getattr(torch, loading["dtype"])
     with torch.device(device if device == "cuda" else "cpu"):
-        model = AutoModelForCausalLM.from_config(config, dtype=base_dtype)
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, loading["dtype"]),
+                                                 attn_implementation=loading["attn_implementation"])
     model.config.use_cache = False
-    if setting.lora_rank:
+    if setting.quantization:
+        from peft import prepare_model_for_kbit_training
+
+        quantize_to_nf4(model, base_dtype, device)
+        if device == "cuda":
+            torch.cuda.empty_cache()  # the bf16 weights just replaced
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=setting.gradient_checkpointing,
+                                                gradient_checkpointing_kwargs={"use_reentrant": False})
+    lora = recipe.lora_arguments(setting)
+    if lora:
         from peft import LoraConfig, get_peft_model
 
-        lora = LoraConfig(r=setting.lora_rank, lora_alpha=2 * setting.lora_rank,
-                          target_modules=list(setting.lora_targets), task_type="CAUSAL_LM")
-        model = get_peft_model(model, lora)
+        if arch.resolve_lora_targets(setting.lora_targets) == arch.all_linear_targets():
+            lora["target_modules"] = "all-linear"  # as users write it; PEFT adds fused experts itself
+        model = get_peft_model(model, LoraConfig(**lora))
         if setting.gradient_checkpointing:
             model.enable_input_require_grads()
     return model, arch
 
 
+MIXED_BATCHES = 3  # micro-batches of mixed lengths before the heaviest ones, so the allocator meets many shapes
+
+
+def row_lengths(setting: Setting, micro_batch: int, rows: int, seed: int = 0) -> list[int]:
+    """Token counts of the trial's rows, in training order, so that every micro-batch after the mixed ones is
+    the heaviest the recipe's collator makes at seq_len, carrying the mask a real run's batches carry:
+    - none: rows of exactly seq_len (no padding, so no mask reaches attention);
+    - max_length: rows shorter than seq_len (padded to it, so every batch carries a padding mask);
+    - longest: each micro-batch one row of seq_len and shorter ones (padded to seq_len; one row alone is unpadded).
+    """
+    import random
+
+    full = setting.seq_len
+    if setting.padding == "none":
+        return [full] * rows
+    draw = random.Random(seed)
+    shorter = [draw.randint(max(1, full // 2), max(1, full - 1)) for _ in range(rows)]
+    mixed = [draw.randint(max(1, full // 8), full) for _ in range(MIXED_BATCHES * micro_batch)]
+    if setting.padding == "max_length":
+        heavy = shorter
+    else:
+        heavy = [full if i % micro_batch == 0 else shorter[i] for i in range(rows)]
+    return (mixed + heavy)[:rows] if rows > len(mixed) else heavy[:rows]
+
+
 class RandomTokens:
-    """A map-style dataset of random token sequences of exactly seq_len tokens (labels = inputs)."""
+    """Random rows of exactly seq_len tokens with an all-ones mask (labels = inputs), for plain Trainer checks."""
 
     def __init__(self, samples: int, seq_len: int, vocab: int, seed: int = 0):
         import torch
@@ -86,6 +130,42 @@ class RandomTokens:
     def __getitem__(self, index: int) -> dict:
         ids = self.tokens[index]
         return {"input_ids": ids, "attention_mask": ids.new_ones(ids.shape), "labels": ids}
+
+
+class RandomRows:
+    """A map-style dataset of random token rows of the given lengths (labels = inputs); the collator pads them."""
+
+    def __init__(self, lengths: list[int], vocab: int, seed: int = 0):
+        import torch
+
+        generator = torch.Generator().manual_seed(seed)
+        self.rows = [torch.randint(1, vocab, (n,), generator=generator).tolist() for n in lengths]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict:
+        ids = self.rows[index]
+        return {"input_ids": ids, "labels": list(ids)}
+
+
+def padding_tokenizer():
+    """A real fast tokenizer that only pads (pad id 0, right side): the collator needs one, not its vocabulary."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({"[PAD]": 0, "[UNK]": 1}, unk_token="[UNK]")),
+                                        pad_token="[PAD]", unk_token="[UNK]")
+    tokenizer.padding_side = recipe.PADDING_SIDE
+    return tokenizer
+
+
+def data_collator(setting: Setting):
+    """The recipe's collator, as the emitted training_args.py builds it."""
+    from transformers import DataCollatorForSeq2Seq
+
+    return DataCollatorForSeq2Seq(padding_tokenizer(), **recipe.collator_arguments(setting, setting.seq_len))
 
 
 # Warm-up lasts until step time settles: the first steps pay for lazy initialisation, allocator growth
@@ -153,19 +233,17 @@ def step_timer(device: str, warmup_steps: int, steps: int):
 
 
 def training_arguments(setting: Setting, micro_batch: int, steps: int, device: str, output_dir: str):
+    """The recipe's Trainer arguments (ftplan.core.recipe.trainer_arguments, as emitted) plus what only a short
+    measured run needs: a step limit, no saving or logging, and rows kept in order."""
     from transformers import TrainingArguments
 
     return TrainingArguments(
+        **current_names(recipe.trainer_arguments(setting), TrainingArguments),
         output_dir=output_dir,
         per_device_train_batch_size=micro_batch,
         gradient_accumulation_steps=1,
         max_steps=steps,
         learning_rate=1e-5,
-        optim=setting.optimizer,
-        bf16=setting.precision in ("bf16", "bf16-pure"),
-        fp16=setting.precision == "fp16",
-        gradient_checkpointing=setting.gradient_checkpointing,
-        gradient_checkpointing_kwargs={"use_reentrant": False} if setting.gradient_checkpointing else None,
         deepspeed=deepspeed_config(setting),
         use_cpu=device == "cpu",
         report_to=[],
@@ -175,6 +253,32 @@ def training_arguments(setting: Setting, micro_batch: int, steps: int, device: s
         dataloader_num_workers=0,
         remove_unused_columns=False,
     )
+
+
+def current_names(kwargs: dict, arguments_class) -> dict:
+    """The checkpointing keys under the installed transformers' names (activation_checkpointing in newer 5.x)."""
+    import inspect
+
+    known = inspect.signature(arguments_class).parameters
+    renamed = dict(kwargs)
+    for old, new in (("gradient_checkpointing", "activation_checkpointing"),
+                     ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
+        if old in renamed and new in known:
+            renamed[new] = renamed.pop(old)
+    return renamed
+
+
+def ordered_trainer():
+    """Trainer that keeps the rows in order, so each micro-batch is the one row_lengths built (shuffling changes
+    which rows meet, not what a batch of them costs)."""
+    from torch.utils.data import SequentialSampler
+    from transformers import Trainer
+
+    class OrderedTrainer(Trainer):
+        def _get_train_sampler(self, *args, **kwargs):
+            return SequentialSampler(self.train_dataset)
+
+    return OrderedTrainer
 
 
 def _train_without_process_group() -> None:
@@ -191,7 +295,6 @@ def _train_without_process_group() -> None:
 
 def run_trial(spec: dict) -> dict:
     """Train for warm-up + measured steps and return the measurements (raises on OOM or failure)."""
-    from transformers import Trainer
 
     setting = Setting.from_dict(spec["setting"])
     device, micro_batch = spec["device"], spec["micro_batch"]
@@ -208,8 +311,10 @@ def run_trial(spec: dict) -> dict:
     most_steps = max(warmup, MAX_WARMUP_STEPS) + steps  # the timer stops training once its steps are measured
     with tempfile.TemporaryDirectory(prefix="ftplan-trial-") as output_dir:
         args = training_arguments(setting, micro_batch, most_steps, device, output_dir)
-        dataset = RandomTokens(micro_batch * world * most_steps, setting.seq_len, arch.vocab)
-        trainer = Trainer(model=model, args=args, train_dataset=dataset, callbacks=[timer])
+        rows = micro_batch * world * (most_steps + MIXED_BATCHES)
+        dataset = RandomRows(row_lengths(setting, micro_batch * world, rows), arch.vocab)
+        trainer = ordered_trainer()(model=model, args=args, train_dataset=dataset, data_collator=data_collator(setting),
+                                    callbacks=[timer])
         trainer.train()
     allocated, reserved, retries = measure.peak_memory(device)
     name, total = measure.gpu_identity(device)

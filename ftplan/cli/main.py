@@ -12,6 +12,7 @@ import codecs
 import importlib
 import sys
 import warnings
+from dataclasses import dataclass
 
 import click
 
@@ -35,6 +36,14 @@ SUBCOMMANDS = {
     "report": "ftplan.cli.commands.report:command",
     "gpus": "ftplan.cli.commands.gpus:command",
 }
+
+
+@dataclass(frozen=True)
+class Dependencies:
+    """What a caller of the CLI may replace, handed to the commands as click's context object:
+    the trial command (None: the real one; tests pass stand-ins that need no GPU)."""
+
+    trial_command: tuple[str, ...] | None = None
 
 
 class LazyGroup(click.Group):
@@ -88,12 +97,19 @@ def _degrade_output_encoding() -> None:
             stream.reconfigure(errors="ftplan-ascii")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, trial_command: tuple[str, ...] | None = None) -> None:
     """Entry point: run the CLI, turning expected failures into one-line errors."""
     _degrade_output_encoding()
-    warnings.showwarning = _one_line_warning
+    with warnings.catch_warnings():  # one line per warning while the command runs; the caller's hook after
+        warnings.showwarning = _one_line_warning
+        _run(argv, trial_command)
+
+
+def _run(argv: list[str] | None, trial_command: tuple[str, ...] | None) -> None:
+    """Run the CLI, turning expected failures into one-line errors and exit codes."""
     try:
-        code = cli.main(args=argv, prog_name="ftplan", standalone_mode=False)  # a ctx.exit(N) comes back as N
+        code = cli.main(args=argv, prog_name="ftplan", standalone_mode=False,  # a ctx.exit(N) comes back as N
+                        obj=Dependencies(trial_command))
         if isinstance(code, int) and code:
             sys.exit(code)
     except FtplanError as exc:

@@ -8,22 +8,65 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import importlib.util
 import json
+import math
 import os
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
 
 from ftplan.core.errors import FtplanError
+from ftplan.core.families import FAMILIES, Family
 from ftplan.core.paths import architectures_dir
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 MAX_CONFIG_BYTES = 16 * 2**20
 ALL_LINEAR_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-_OPTIONAL_SIZES = ("num_key_value_heads", "head_dim")
-_FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias")
+_OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "num_experts", "num_local_experts", "num_experts_per_tok",
+                   "moe_intermediate_size", "shared_expert_intermediate_size", "decoder_sparse_step")
+_FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "qkv_bias")
 LARGEST_SIZE = 2**24  # 16M: 100x the largest vocabulary or hidden size of any released model; above it, a typo
+EXPERTS_TARGET = "experts"  # LoRA target name for the router and fused experts (PEFT's target_parameters)
+_PEFT_EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")  # names PEFT remaps onto the fused experts
+MODULE_CLASSES = ("embeddings", "attention", "mlp", "experts", "router", "norms", "lm_head")
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameters by module class; q/k norms count as norms, Qwen2-MoE's shared expert as MLP and its
+    gate as router; a tied lm_head is 0 (it is the embedding)."""
+
+    embeddings: int
+    attention: int
+    mlp: int
+    experts: int
+    router: int
+    norms: int
+    lm_head: int
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, name) for name in MODULE_CLASSES)
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One nn.Linear inside decoder layer `layer`: what LoRA can adapt (PEFT's all-linear takes them all)."""
+
+    layer: int
+    name: str
+    in_features: int
+    out_features: int
+
+
+@dataclass(frozen=True)
+class Structure:
+    """What a model instantiates: parameters by class and its decoder layers' linear modules."""
+
+    counts: ParamCounts
+    linears: tuple[Linear, ...]
+    source: str  # "analytic" or "meta device"
 
 
 @dataclass(frozen=True)
@@ -33,9 +76,18 @@ class Architecture:
     id: str
     config: dict
 
+    def get(self, key: str):
+        """A config value, else what the family's config class assumes when config.json leaves it out."""
+        value = self.config.get(key)
+        return value if value is not None else (self.family.defaults.get(key) if self.family else None)
+
     @property
     def model_type(self) -> str:
         return self.config["model_type"]
+
+    @property
+    def family(self) -> Family | None:
+        return FAMILIES.get(self.model_type)
 
     @property
     def hidden(self) -> int:
@@ -55,11 +107,11 @@ class Architecture:
 
     @property
     def kv_heads(self) -> int:
-        return self.config.get("num_key_value_heads") or self.heads
+        return self.get("num_key_value_heads") or self.heads
 
     @property
     def head_dim(self) -> int:
-        return self.config.get("head_dim") or self.hidden // self.heads
+        return self.get("head_dim") or self.hidden // self.heads
 
     @property
     def vocab(self) -> int:
@@ -67,21 +119,70 @@ class Architecture:
 
     @property
     def tied_embeddings(self) -> bool:
-        return bool(self.config.get("tie_word_embeddings", False))
+        return bool(self.get("tie_word_embeddings"))
 
     @property
     def qkv_bias(self) -> bool:
-        """Qwen2 has biases on q, k and v; Llama only when attention_bias is set."""
-        return self.model_type == "qwen2" or bool(self.config.get("attention_bias", False))
+        """Biases on q, k and v: always in Qwen2, by `qkv_bias` in Qwen2-MoE, by attention_bias elsewhere."""
+        family = self.family or Family()
+        return family.qkv_bias or bool(self.get("qkv_bias")) or (family.attention_bias_key and bool(self.get("attention_bias")))
+
+    @property
+    def experts(self) -> int:
+        """Routed experts per MoE layer (0 for a dense model); all of them are held in memory."""
+        if not (self.family and self.family.moe):
+            return 0
+        return self.get("num_local_experts") or self.get("num_experts") or 0
+
+    @property
+    def experts_per_token(self) -> int:
+        """Experts each token is routed to (top-k): what activations and FLOPs scale with."""
+        return self.get("num_experts_per_tok") or 0 if self.experts else 0
+
+    @property
+    def expert_intermediate(self) -> int:
+        return self.get(self.family.expert_width_key) if self.experts else 0
+
+    @property
+    def shared_expert_intermediate(self) -> int:
+        return self.get("shared_expert_intermediate_size") if self.experts and self.family.shared_expert else 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Qwen-MoE keeps a layer dense when it is in mlp_only_layers or off the decoder_sparse_step grid."""
+        if not self.experts:
+            return False
+        if self.family.moe == "sparse_step":
+            step = self.get("decoder_sparse_step") or 1
+            return layer not in (self.config.get("mlp_only_layers") or []) and (layer + 1) % step == 0
+        return True
+
+    @property
+    def moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.layers))
+
+    @property
+    def sliding_window(self) -> int | None:
+        """Tokens a sliding-window layer attends to, if any layer slides (Gemma 2/3, Mistral, Phi-3)."""
+        window = self.config.get("sliding_window")
+        return window if isinstance(window, int) and window > 0 and self.config.get("use_sliding_window", True) else None
+
+    @property
+    def final_logit_softcapping(self) -> float | None:
+        return self.config.get("final_logit_softcapping")
 
     @cached_property
     def shape(self) -> tuple:
         """What decides memory and time. Two configs of one shape are one architecture for every fit:
         the full-config hash never matches across tools (transformers adds and renames keys), and a
-        config path typed differently, or the copy the Trainer callback writes, is the same model."""
+        config path typed differently, or the copy the Trainer callback writes, is the same model.
+        Families beyond Llama, Qwen2 and Mistral add their own fields, so the first three keep their keys."""
         fields = tuple(getattr(self, name) for name in ("model_type", "hidden", "intermediate", "layers", "heads",
                                                           "kv_heads", "head_dim", "vocab", "tied_embeddings", "qkv_bias"))
-        return fields + tuple(bool(self.config.get(k)) for k in ("attention_bias", "mlp_bias"))
+        fields += tuple(bool(self.config.get(k)) for k in ("attention_bias", "mlp_bias"))
+        if self.model_type in ("llama", "qwen2", "mistral"):
+            return fields
+        return fields + (self.experts, self.experts_per_token, self.expert_intermediate, self.moe_layers,
+                         self.shared_expert_intermediate, self.sliding_window, self.final_logit_softcapping)
 
     @cached_property
     def hash(self) -> str:
@@ -89,28 +190,19 @@ class Architecture:
         canonical = json.dumps({k: v for k, v in self.config.items() if not k.startswith("_")}, sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
-    def linear_shapes(self) -> dict[str, tuple[int, int]]:
-        """(in, out) features of each linear layer in one decoder block, by module name."""
-        q_out, kv_out = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return {
-            "q_proj": (self.hidden, q_out),
-            "k_proj": (self.hidden, kv_out),
-            "v_proj": (self.hidden, kv_out),
-            "o_proj": (q_out, self.hidden),
-            "gate_proj": (self.hidden, self.intermediate),
-            "up_proj": (self.hidden, self.intermediate),
-            "down_proj": (self.intermediate, self.hidden),
-        }
+    @cached_property
+    def structure(self) -> Structure:
+        """Counted from the family table without torch; a family ftplan does not know is instantiated on
+        the meta device (needs torch and transformers)."""
+        if self.family is None:
+            from ftplan.core.meta_count import meta_structure
 
-    def params_per_layer(self) -> int:
-        shapes = self.linear_shapes()
-        weights = sum(i * o for i, o in shapes.values())
-        bias = (shapes["q_proj"][1] + 2 * shapes["k_proj"][1]) if self.qkv_bias else 0
-        bias += self.hidden if self.config.get("attention_bias") else 0  # o_proj bias in Llama
-        if self.config.get("mlp_bias"):
-            bias += 2 * self.intermediate + self.hidden
-        norms = 2 * self.hidden
-        return weights + bias + norms
+            return meta_structure(self.config)
+        return analytic_structure(self)
+
+    @property
+    def param_counts(self) -> ParamCounts:
+        return self.structure.counts
 
     @property
     def embedding_params(self) -> int:
@@ -118,22 +210,122 @@ class Architecture:
 
     @property
     def params_total(self) -> int:
-        lm_head = 0 if self.tied_embeddings else self.vocab * self.hidden
-        return self.embedding_params + self.layers * self.params_per_layer() + self.hidden + lm_head
+        return self.param_counts.total
+
+    @property
+    def decoder_params(self) -> int:
+        """Parameters of all decoder layers (everything but embeddings, lm_head and the final norm)."""
+        counts = self.param_counts
+        return counts.total - counts.embeddings - counts.lm_head - self.hidden
+
+    def params_per_layer(self) -> int:
+        """Parameters of an average decoder layer (layers differ in Qwen-MoE)."""
+        return -(-self.decoder_params // self.layers)
+
+    @property
+    def active_decoder_params(self) -> float:
+        """Decoder parameters one token passes through: of the experts only its top-k (FLOPs scale with these)."""
+        experts = self.param_counts.experts
+        return self.decoder_params - experts + (experts * self.experts_per_token / self.experts if self.experts else 0)
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear layer by module name, the widest where layers differ."""
+        shapes: dict[str, tuple[int, int]] = {}
+        for linear in self.structure.linears:
+            if linear.in_features * linear.out_features > math.prod(shapes.get(linear.name, (0, 0))):
+                shapes[linear.name] = (linear.in_features, linear.out_features)
+        return shapes
+
+    @property
+    def largest_tensor_params(self) -> int:
+        """Elements of the largest single parameter: the embedding, one linear, or one layer's fused experts."""
+        experts = (self.experts * 2 * self.expert_intermediate * self.hidden) if self.experts else 0
+        return max(self.embedding_params, experts, *(i * o for i, o in self.linear_shapes().values()))
+
+    @property
+    def linear_weight_params(self) -> int:
+        """Weights of the decoder layers' nn.Linear modules: what bitsandbytes quantizes to 4 bits."""
+        return sum(linear.in_features * linear.out_features for linear in self.structure.linears)
+
+    def all_linear_targets(self) -> tuple[str, ...]:
+        """Module names PEFT's `target_modules="all-linear"` adapts: every Linear but the output layer, or,
+        where PEFT converts it for fused experts, the attention projections and EXPERTS_TARGET."""
+        names = tuple(dict.fromkeys(linear.name for linear in self.structure.linears))
+        if self.family and self.family.peft_adapts_experts:
+            return tuple(n for n in names if n not in _PEFT_EXPERT_NAMES) + (EXPERTS_TARGET,)
+        return names
+
+    def resolve_lora_targets(self, targets: tuple[str, ...]) -> tuple[str, ...]:
+        """The module names LoRA adapts: the default (Llama's seven projections) means all-linear, so on
+        Phi-3 it names the fused qkv_proj and gate_up_proj, and on Qwen2-MoE the shared expert too."""
+        if set(targets) == set(ALL_LINEAR_TARGETS):
+            return self.all_linear_targets()
+        if EXPERTS_TARGET in targets and set(targets) != set(self.all_linear_targets()):
+            raise FtplanError(f"LoRA adapts the fused experts of {self.id} only as part of all-linear (the default targets)")
+        unknown = set(targets) - set(self.all_linear_targets())
+        if unknown:
+            raise FtplanError(f"unknown LoRA target module(s) {sorted(unknown)} for {self.id}; "
+                              f"choose from {list(self.all_linear_targets())}")
+        return tuple(targets)
 
     def lora_params(self, rank: int, targets: tuple[str, ...] = ALL_LINEAR_TARGETS) -> int:
         """Trainable parameters of LoRA adapters (A: in×r, B: r×out) on the named modules of every layer."""
         if rank > self.hidden:  # the adapter would outgrow the weight it adapts: a typo, not a setting
             raise FtplanError(f"LoRA rank {rank} is above {self.id}'s hidden size {self.hidden}; "
                               f"use a rank up to {self.hidden}")
-        shapes = self.linear_shapes()
-        unknown = set(targets) - set(shapes)
-        if unknown:
-            raise FtplanError(f"unknown LoRA target module(s) {sorted(unknown)}; choose from {list(shapes)}")
-        return self.layers * sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
+        names = set(self.resolve_lora_targets(targets))
+        linears = sum(rank * (lin.in_features + lin.out_features) for lin in self.structure.linears if lin.name in names)
+        return linears + (self.moe_layers * self.expert_lora_params_per_layer(rank) if EXPERTS_TARGET in names else 0)
+
+    def expert_lora_params_per_layer(self, rank: int) -> int:
+        """PEFT's adapters on one MoE layer's router (E×h) and fused experts: A and B of rank·E rows per
+        expert stack, gate_up at twice the rank (it fuses two projections)."""
+        e, h, width = self.experts, self.hidden, self.expert_intermediate
+        return rank * (h + e) + 2 * rank * e * (h + 2 * width) + rank * e * (width + h)
 
     def trainable_params(self, lora_rank: int, targets: tuple[str, ...] = ALL_LINEAR_TARGETS) -> int:
         return self.lora_params(lora_rank, targets) if lora_rank > 0 else self.params_total
+
+
+def analytic_structure(arch: Architecture) -> Structure:
+    """Parameters by class and the linear modules, from the family table alone (no torch)."""
+    family, h = arch.family, arch.hidden
+    q_out, kv_out = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    linears: list[Linear] = []
+    attention = mlp = experts = router = norms = 0
+    attention_bias = family.attention_bias_key and bool(arch.get("attention_bias"))
+    mlp_bias = family.mlp_bias_key and bool(arch.get("mlp_bias"))
+
+    def add(layer: int, name: str, fan_in: int, fan_out: int, bias: bool) -> int:
+        linears.append(Linear(layer, name, fan_in, fan_out))
+        return fan_in * fan_out + (fan_out if bias else 0)
+
+    def dense_mlp(layer: int, width: int) -> int:
+        if family.fused_projections:
+            return add(layer, "gate_up_proj", h, 2 * width, mlp_bias) + add(layer, "down_proj", width, h, mlp_bias)
+        return (add(layer, "gate_proj", h, width, mlp_bias) + add(layer, "up_proj", h, width, mlp_bias)
+                + add(layer, "down_proj", width, h, mlp_bias))
+
+    for layer in range(arch.layers):
+        if family.fused_projections:  # Phi-3 registers o_proj first
+            attention += add(layer, "o_proj", q_out, h, attention_bias) + add(layer, "qkv_proj", h, q_out + 2 * kv_out, False)
+        else:
+            attention += (add(layer, "q_proj", h, q_out, arch.qkv_bias) + add(layer, "k_proj", h, kv_out, arch.qkv_bias)
+                          + add(layer, "v_proj", h, kv_out, arch.qkv_bias) + add(layer, "o_proj", q_out, h, attention_bias))
+        norms += family.norms_per_layer * h
+        norms += {"head": 2 * arch.head_dim, "full": q_out + kv_out}.get(family.qk_norm, 0)
+        if not arch.is_moe_layer(layer):
+            mlp += dense_mlp(layer, arch.intermediate)
+            continue
+        experts += arch.experts * 3 * arch.expert_intermediate * h  # fused gate_up (E, 2I, h) and down (E, h, I)
+        router += arch.experts * h
+        if family.shared_expert:
+            mlp += dense_mlp(layer, arch.shared_expert_intermediate)
+            router += add(layer, "shared_expert_gate", h, 1, False)
+    embeddings = arch.vocab * h
+    counts = ParamCounts(embeddings=embeddings, attention=attention, mlp=mlp, experts=experts, router=router,
+                         norms=norms + h, lm_head=0 if arch.tied_embeddings else embeddings)
+    return Structure(counts, tuple(linears), "analytic")
 
 
 def available_architectures() -> list[str]:
@@ -192,8 +384,11 @@ def config_problem(config: object) -> str | None:
     missing = [k for k in ("model_type", *_SIZES) if k not in config]
     if missing:
         return f"is not a decoder-only model config: missing {', '.join(missing)}"
-    if not isinstance(config["model_type"], str) or config["model_type"] not in SUPPORTED_MODEL_TYPES:
-        return f"model_type {config['model_type']!r} not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+    if not isinstance(config["model_type"], str):
+        return f"model_type {config['model_type']!r} not supported (it must be text naming a transformers model type)"
+    if config["model_type"] not in FAMILIES and not meta_counting_available():
+        return (f"model_type {config['model_type']!r} has no analytic parameter count (known: {', '.join(FAMILIES)}); "
+                f"install torch and transformers to count it on the meta device")
     for key in (*_SIZES, *_OPTIONAL_SIZES):
         value = config.get(key)
         if (key in _SIZES or value is not None) and not _is_size(value):
@@ -207,6 +402,11 @@ def config_problem(config: object) -> str | None:
     if not config.get("head_dim") and config["hidden_size"] % heads:
         return f"hidden_size {config['hidden_size']} is not a multiple of num_attention_heads {heads} (and no head_dim)"
     return None
+
+
+def meta_counting_available() -> bool:
+    """Whether torch and transformers are installed, so an unknown family can be counted on the meta device."""
+    return all(importlib.util.find_spec(name) is not None for name in ("torch", "transformers"))
 
 
 def _is_size(value: object) -> bool:

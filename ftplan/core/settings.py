@@ -26,9 +26,13 @@ PADDINGS = ("none", "max_length", "longest", "packed")
 ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
 ZERO_STAGES = (0, 1, 2, 3)
 INTEGER_FIELDS = ("seq_len", "zero_stage", "lora_rank", "gpus", "nodes", "pad_to_multiple_of")
+# "" keeps the frozen base in the compute dtype; "nf4" is QLoRA's 4-bit NormalFloat base with double
+# quantization (bitsandbytes, as `BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+# bnb_4bit_use_double_quant=True)` loads it).
+QUANTIZATIONS = ("", "nf4")
 # Fields added after records were first written: at their default they stay out of key(), so every old
 # record (which measured exactly that default) keeps its setting key and resumes as before.
-LATER_FIELDS = {"attention": "sdpa", "padding": "none", "pad_to_multiple_of": 0}
+KEYLESS_DEFAULTS = {"attention": "sdpa", "padding": "none", "pad_to_multiple_of": 0, "quantization": ""}
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class Setting:
     attention: str = "sdpa"
     padding: str = "none"
     pad_to_multiple_of: int = 0
+    quantization: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
@@ -76,6 +81,10 @@ class Setting:
             raise FtplanError(f"attention must be one of {', '.join(ATTENTIONS)}, got '{self.attention}'")
         if self.pad_to_multiple_of < 0:
             raise FtplanError(f"pad_to_multiple_of must be >= 0, got {self.pad_to_multiple_of}")
+        if self.quantization not in QUANTIZATIONS:
+            raise FtplanError(f"quantization must be one of {', '.join(map(repr, QUANTIZATIONS))}, got {self.quantization!r}")
+        if self.quantization and (not self.lora_rank or self.uses_deepspeed or self.precision not in ("bf16", "fp16")):
+            raise FtplanError("a 4-bit (nf4) base is QLoRA: it needs LoRA (--lora-rank), no DeepSpeed, and bf16 or fp16")
         if self.gpus <= 0 or self.nodes <= 0:
             raise FtplanError(f"GPU and node counts must be positive, got gpus={self.gpus} nodes={self.nodes}")
 
@@ -108,14 +117,14 @@ class Setting:
 
     def key(self) -> str:
         """Stable id of the setting, used to group records and to resume calibrations."""
-        data = {k: v for k, v in self.to_dict().items() if LATER_FIELDS.get(k, object()) != v}
+        data = {k: v for k, v in self.to_dict().items() if not (k in KEYLESS_DEFAULTS and v == KEYLESS_DEFAULTS[k])}
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     def label(self) -> str:
         """Short human-readable name, e.g. 'zero2+offload liger lora16 gc s2048'."""
         parts = [f"zero{self.zero_stage}" + ("+offload" if self.offload_optimizer else "") if self.zero_stage else "ddp"]
         parts.append("liger" if self.liger else "")
-        parts.append(f"lora{self.lora_rank}" if self.lora_rank else "full")
+        parts.append(f"{'q' if self.quantization else ''}lora{self.lora_rank}" if self.lora_rank else "full")
         parts.append("gc" if self.gradient_checkpointing else "")
         parts.append(f"s{self.seq_len}")
         parts.append(self.precision if self.precision != "bf16" else "")

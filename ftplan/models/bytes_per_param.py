@@ -19,6 +19,15 @@ Why these numbers (Hugging Face Trainer, AdamW):
   gradients size"), so gradients count twice when world_size > 1.
 - torch's foreach AdamW (Trainer's `adamw_torch`) allocates one fp32 temporary per parameter
   (sqrt of the second moment) during the step; the fused variants do not.
+- bitsandbytes' 8-bit AdamW (`adamw_bnb_8bit`, alias `adamw_8bit`; `paged_adamw_8bit` in paged
+  memory that can spill to the host): two uint8 moments plus one fp32 absmax per 256-value block of
+  each (bitsandbytes' optimizer blocksize), 2·(1 + 4/256) bytes, updated in one fused kernel.
+- QLoRA (Dettmers et al. 2023): each linear weight of the frozen base is 4-bit NF4 (0.5 bytes) with
+  one absmax per 64-weight block, itself quantized to 8 bits with one fp32 constant per 256 of them
+  (double quantization: 8/64 + 32/(64·256) bits = 0.127 bits per weight). Everything bitsandbytes
+  does not quantize (embeddings, lm_head, norms, fused MoE experts) is cast to fp32 by
+  `prepare_model_for_kbit_training`, as users call it. Each 4-bit linear dequantizes its weight to
+  the compute dtype for its matmul: a transient workspace the size of the largest linear.
 """
 
 from __future__ import annotations
@@ -33,8 +42,14 @@ FP32_BYTES = 4
 HALF_BYTES = 2
 
 # fp32 optimizer-state bytes per trainable parameter, and step temporaries, by Trainer `optim` name.
-OPTIMIZER_STATE_BYTES = {"adamw_torch": 8, "adamw_torch_fused": 8, "adamw_hf": 8, "adamw_apex_fused": 8}
-OPTIMIZER_STEP_TEMP_BYTES = {"adamw_torch": 4, "adamw_torch_fused": 0, "adamw_hf": 4, "adamw_apex_fused": 0}
+BNB_8BIT_STATE_BYTES = 2 * (1 + FP32_BYTES / 256)
+OPTIMIZER_STATE_BYTES = {"adamw_torch": 8, "adamw_torch_fused": 8, "adamw_hf": 8, "adamw_apex_fused": 8,
+                         "adamw_bnb_8bit": BNB_8BIT_STATE_BYTES, "adamw_8bit": BNB_8BIT_STATE_BYTES,
+                         "paged_adamw_8bit": BNB_8BIT_STATE_BYTES, "paged_adamw_32bit": 8}
+OPTIMIZER_STEP_TEMP_BYTES = {"adamw_torch": 4, "adamw_torch_fused": 0, "adamw_hf": 4, "adamw_apex_fused": 0,
+                             "adamw_bnb_8bit": 0, "adamw_8bit": 0, "paged_adamw_8bit": 0, "paged_adamw_32bit": 0}
+NF4_BLOCK, NF4_CONSTANTS_BLOCK = 64, 256
+NF4_BYTES = 0.5 + 1 / NF4_BLOCK + FP32_BYTES / (NF4_BLOCK * NF4_CONSTANTS_BLOCK)  # 0.5159 bytes per weight
 
 
 def same_state_optimizers(optimizer: str) -> tuple[str, ...]:
@@ -118,3 +133,23 @@ def frozen_param_bytes(setting: Setting) -> ParamBytes:
     weights = activation_bytes(setting) / (setting.world_size if setting.zero_stage >= 3 else 1)
     return ParamBytes(weights=weights, gradients=0.0, master_weights=0.0, optimizer_states=0.0,
                       step_temporaries=0.0, autocast_copies=0.0 if weights < trainable.weights else trainable.autocast_copies)
+
+
+@dataclass(frozen=True)
+class QuantizedBase:
+    """Bytes of a QLoRA base on one GPU: the 4-bit linears, the fp32 rest, and the dequantization workspace."""
+
+    quantized_bytes: float
+    fp32_bytes: float
+    workspace_bytes: float
+
+    @property
+    def resident(self) -> float:
+        return self.quantized_bytes + self.fp32_bytes
+
+
+def quantized_base_bytes(quantized_params: int, other_params: int, largest_linear_params: int,
+                         setting: Setting) -> QuantizedBase:
+    """The frozen base of a QLoRA setting (quantization "nf4"), from its parameter split."""
+    return QuantizedBase(quantized_bytes=quantized_params * NF4_BYTES, fp32_bytes=other_params * FP32_BYTES,
+                         workspace_bytes=largest_linear_params * activation_bytes(setting))

@@ -61,8 +61,9 @@ def largest_trainable_tensor(arch: Architecture, setting: Setting) -> int:
     """Elements of the largest trainable tensor: the embedding (or a linear) for full fine-tuning, a LoRA factor else."""
     shapes = arch.linear_shapes()
     if setting.lora_rank:
-        return setting.lora_rank * max(max(shapes[t]) for t in setting.lora_targets)
-    return max(arch.embedding_params, *(i * o for i, o in shapes.values()))
+        targets = [t for t in arch.resolve_lora_targets(setting.lora_targets) if t in shapes]
+        return setting.lora_rank * max((max(shapes[t]) for t in targets), default=arch.hidden)
+    return arch.largest_tensor_params
 
 
 def host_bytes_per_node(arch: Architecture, setting: Setting) -> int:

@@ -21,7 +21,7 @@ from functools import cached_property
 from ftplan.core.architecture import cached_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import GpuSpec, find_gpu, load_catalog
-from ftplan.core.settings import Setting
+from ftplan.core.settings import PADDINGS, Setting
 from ftplan.models.bytes_per_param import same_state_optimizers
 from ftplan.models.communication import (
     DEFAULT_BACKWARD_FRACTION,
@@ -51,6 +51,8 @@ from ftplan.models.prior import (
 )
 
 DEFAULT_INTER_NODE_LINK = "cloud"
+PADDING_WORDS = {"none": "equal-length rows, no mask", "max_length": "padded to seq_len, masked",
+                 "longest": "padded to each batch's longest, masked", "packed": "flattened packed rows"}
 
 
 @dataclass(frozen=True)
@@ -73,11 +75,12 @@ class Predictor:
     """
 
     def __init__(self, records: list[dict], fits: FitSet, constants: dict[str, PriorConstants],
-                 gpu_catalog: dict[str, GpuSpec] | None = None, links: Links | None = None):
+                 gpu_catalog: dict[str, GpuSpec], links: Links | None = None):
+        """Built from fitted parts and a catalog already read: construction reads no file (Predictor.fit does)."""
         self._records = [r for r in records if r.get("status") in ("ok", "oom")]
         self._fits = fits
         self._constants = dict(constants)
-        self._catalog = gpu_catalog if gpu_catalog is not None else load_catalog()
+        self._catalog = gpu_catalog
         self._links = links
         self._overlaps: dict[Links, float] = {}
         self._catalog_links: dict[str, Links] = {}
@@ -190,6 +193,9 @@ class Predictor:
                       for conf in self._alloc_confs if conf != setting.alloc_conf]
         relatives += [(setting.with_(optimizer=other), f"calibrated with {other} (the same AdamW state; its step "
                        "temporaries shifted by the prior)") for other in same_state_optimizers(setting.optimizer)]
+        relatives += [(setting.with_(padding=other), f"calibrated with padding '{other}' ({PADDING_WORDS[other]}), "
+                       f"not this run's '{setting.padding}': the attention path's change is the prior's")
+                      for other in PADDINGS if other != setting.padding]
         if setting.world_size > 1:
             relatives.append((setting.with_(gpus=1, nodes=1), "memory from the 1-GPU calibration plus the analytic change of partitioned states"))
         for candidate, note in relatives:

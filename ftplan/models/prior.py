@@ -34,7 +34,12 @@ from ftplan.models.activations import (
     liger_lm_head_grad_bytes,
     loss_bytes_per_token,
 )
-from ftplan.models.bytes_per_param import frozen_param_bytes, trainable_param_bytes
+from ftplan.models.bytes_per_param import (
+    HALF_BYTES,
+    frozen_param_bytes,
+    quantized_base_bytes,
+    trainable_param_bytes,
+)
 from ftplan.models.curve import fit_convex_curve
 from ftplan.models.wall import healthy_points
 
@@ -87,6 +92,11 @@ def memory_terms(arch: Architecture, setting: Setting) -> MemoryTerms:
     copies = _autocast_copy_params(arch, setting) * (fb if setting.lora_rank else tb).autocast_copies
     early_grad = 0 if setting.lora_rank else arch.vocab * arch.hidden * tb.gradients
     gathered = zero3_buffer_bytes(arch, setting) if setting.zero_stage == 3 else 0.0
+    if setting.quantization:  # QLoRA: 4-bit linears, an fp32 rest whose lm_head autocast copies, one dequantized linear
+        base = quantized_base_bytes(arch.linear_weight_params, arch.params_total - arch.linear_weight_params,
+                                    max(i * o for i, o in arch.linear_shapes().values()), setting)
+        resident = trainable * tb.resident + base.resident
+        copies = arch.vocab * arch.hidden * HALF_BYTES + base.workspace_bytes
     per_token = activations_bytes_per_token(arch, setting) + loss_bytes_per_token(arch, setting)
     gradients = trainable * tb.gradients
     return MemoryTerms(
@@ -104,7 +114,7 @@ def _autocast_copy_params(arch: Architecture, setting: Setting) -> int:
     H200 this is what the checkpointed ladders show: Llama-3.2-3B + Liger's activation phase starts about
     6 GiB (2 bytes per decoder parameter) below the count that kept every copy."""
     lm_head = arch.vocab * arch.hidden
-    return lm_head if setting.gradient_checkpointing else arch.layers * arch.params_per_layer() + lm_head
+    return lm_head if setting.gradient_checkpointing else arch.decoder_params + lm_head
 
 
 # DeepSpeed 0.19.8 defaults (deepspeed/runtime/zero/config.py), which the Trainer keeps when the config
@@ -133,9 +143,10 @@ def zero3_buffer_bytes(arch: Architecture, setting: Setting) -> float:
 def _flops_per_sample(arch: Architecture, setting: Setting) -> float:
     """Matmul FLOPs of one sample on one GPU: 2·params·tokens forward, as much again for activation
     gradients and (full fine-tuning only) for weight gradients, +1 forward when checkpointing: 6·P·T,
-    8·P·T with checkpointing, 4·P·T for LoRA. Causal flash attention adds 2·seq·q_width per token per
+    8·P·T with checkpointing, 4·P·T for LoRA, with P the parameters a token passes through (of a
+    mixture of experts only its top-k). Causal flash attention adds 2·seq·q_width per token per
     layer forward (half of the full square) and twice that backward."""
-    matmul_params = arch.layers * arch.params_per_layer() + arch.vocab * arch.hidden
+    matmul_params = arch.active_decoder_params + arch.vocab * arch.hidden
     forward = 2 * matmul_params * setting.seq_len
     attention_forward = 2 * setting.seq_len * arch.heads * arch.head_dim * arch.layers * setting.seq_len
     weight_grads = 0 if setting.lora_rank else forward

@@ -28,7 +28,13 @@ from ftplan.models.eta import check_samples
 from ftplan.models.prediction import Prediction
 from ftplan.models.scaling import DEFAULT_GPUS_PER_NODE, node_layout, parse_gpu_counts, with_step_time_cv
 from ftplan.planner.as_data import plan_to_dict, scaling_to_dict
-from ftplan.planner.dataset_plan import DatasetOptions, DatasetPlan, dataset_plan_to_dict, plan_dataset_file
+from ftplan.planner.dataset_plan import (
+    STRATEGY_PADDING,
+    DatasetOptions,
+    DatasetPlan,
+    dataset_plan_to_dict,
+    plan_dataset_file,
+)
 from ftplan.planner.gpu_counts import ScalingPlan, plan_gpu_counts
 from ftplan.planner.inputs import Evidence, load_evidence
 from ftplan.planner.search import DEFAULT_LORA_RANKS, Plan, PlanRequest, SetupPlan, make_plan
@@ -91,8 +97,12 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
          calibrations: Sequence[Path | str] = (), gpu_specs: Path | str | None = None,
          dataset: Path | str | None = None, dataset_options: DatasetOptions | None = None,
          text_field: str | None = None, ids_field: str | None = None, tokenizer: Path | str | None = None,
-         chars_per_token: float | None = None) -> PlanResult:
+         chars_per_token: float | None = None, allow: Sequence[str] = (), attention: str = "sdpa",
+         alloc_conf: str = "") -> PlanResult:
     """Every setup ranked for this run, as `ftplan plan` with the same options (gpus: a count, or '1..64').
+
+    The run's recipe: samples padded to seq_len with a padding mask (the collator --emit writes), or with a
+    dataset its batching's collator; attention and alloc_conf as the run will set them.
 
     With a dataset file, its own token lengths set the sample count, the longest batch (memory) and the
     tokens per step (time); dataset_options choose the batching (dynamic padding by default).
@@ -115,7 +125,9 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
                           f"per step; use --gpus up to {int(dataset_size * epochs):,}")
     if dataset is not None and len(counts) > 1:
         raise FtplanError("--dataset plans one GPU count at a time; give --gpus N")
-    base = Setting(model=model, seq_len=seq_len)
+    strategy = (dataset_options or DatasetOptions()).strategy if dataset is not None else "pad"
+    base = Setting(model=model, seq_len=seq_len, padding=STRATEGY_PADDING[strategy], attention=attention,
+                   alloc_conf=alloc_conf)
     catalog = load_catalog(Path(gpu_specs) if gpu_specs else None)
     card = find_gpu(gpu, catalog)
     evidence = load_evidence(tuple(Path(c) for c in calibrations), catalog)
@@ -127,8 +139,11 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
     request = PlanRequest(base=base, dataset_size=size, epochs=epochs, gpu=card,
                           budget=evidence.budget(card, safety_margin, context_reserve_gib),
                           price_per_gpu_hour=price_per_hour, max_hours=max_hours, by=by, training=training,
-                          lora_ranks=tuple(lora_ranks), host_memory_gib=host_memory_gib, precision=precision)
-    extra, failed = evidence.calibrated_settings(model), evidence.failed_trials(model)
+                          lora_ranks=tuple(lora_ranks), host_memory_gib=host_memory_gib, precision=precision,
+                          allow=tuple(allow))
+    extra = list(dict.fromkeys(s.with_(padding=base.padding, attention=base.attention)
+                               for s in evidence.calibrated_settings(model)))  # other recipes inform as relatives
+    failed = evidence.failed_trials(model)
     scaling, dataset_plan, dataset_lines = None, None, []
     if len(counts) == 1:
         per_node, nodes = node_layout(counts[0], gpus_per_node)
@@ -164,7 +179,8 @@ def predict(model: str, batch_size: int, gpu: str = "H200", *, calibrations: Seq
     card = find_gpu(gpu, catalog)
     evidence = load_evidence(tuple(Path(c) for c in calibrations), catalog)
     links, _ = evidence.links(card)
-    return evidence.predictor_with(links).predict(Setting(model=model, **setting), batch_size, card)
+    recipe = {"padding": "max_length", **setting}  # by default the emitted collator's: padded to seq_len, masked
+    return evidence.predictor_with(links).predict(Setting(model=model, **recipe), batch_size, card)
 
 
 # Notebook arguments are checked here, as click checks the CLI's: a string or 4.5 reached the arithmetic as a

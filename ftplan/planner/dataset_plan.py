@@ -100,6 +100,10 @@ class DatasetPlan:
         return allocator_notes(self.options.strategy, self.plan.request.gpu.name)
 
 
+# The collator each batching strategy emits, as the recipe's padding (ftplan.core.recipe).
+STRATEGY_PADDING = {"pad": "max_length", "dynamic": "longest", "group": "longest", "pack": "packed"}
+
+
 def recommended_alloc_conf(strategy: str, device: str) -> str:
     """PYTORCH_CUDA_ALLOC_CONF a run of this batching should set on this device ('' for none)."""
     return EXPANDABLE_SEGMENTS if strategy in VARIABLE_SHAPES and device != CPU else ""
@@ -113,9 +117,10 @@ def allocator_notes(strategy: str, device: str) -> tuple[str, ...]:
     return ((f"{name} changes the micro-batch's shape every step, which fragments PyTorch's CUDA caching "
              "allocator: on an H200 a random-order epoch of dynamic padding reserved up to 1.8× the memory a "
              f"fixed-shape calibration trial at its longest micro-batch reserved ({VARIABLE_SHAPE_RESULTS}). Not yet shown to "
-             "cause OOM (allocated memory was not recorded), so the safe batch is unchanged. Set "
-             f"PYTORCH_CUDA_ALLOC_CONF={EXPANDABLE_SEGMENTS} for the run, as PyTorch recommends for changing "
-             f"batch sizes ({ALLOC_CONF_DOC}); --emit sets it."),)
+             "cause OOM (allocated memory was not recorded), so the safe batch is unchanged. PyTorch recommends "
+             f"PYTORCH_CUDA_ALLOC_CONF={EXPANDABLE_SEGMENTS} for changing batch sizes ({ALLOC_CONF_DOC}): "
+             "calibrate and plan with --alloc-conf expandable_segments:True to run with it, measured "
+             "(--emit sets the allocator the plan was made for)."),)
 
 
 def plan_from_lengths(predictor: Predictor, request: PlanRequest, lengths: Iterable[int] | np.ndarray,
@@ -133,8 +138,10 @@ def plan_from_lengths(predictor: Predictor, request: PlanRequest, lengths: Itera
     world = request.base.world_size
     shape = batching(options.strategy, limited.lengths, 1, world, pack_length=options.pack_length,
                      epochs=request.epochs, confidence=options.confidence)
-    memory_request = replace(request, base=request.base.with_(seq_len=shape.memory_length), dataset_size=shape.rows)
-    plan = make_plan(predictor, memory_request, [s.with_(seq_len=shape.memory_length) for s in extra])
+    padding = STRATEGY_PADDING[options.strategy]
+    memory_request = replace(request, base=request.base.with_(seq_len=shape.memory_length, padding=padding),
+                             dataset_size=shape.rows)
+    plan = make_plan(predictor, memory_request, [s.with_(seq_len=shape.memory_length, padding=padding) for s in extra])
 
     def setup_batching(setup: SetupPlan) -> tuple[SetupPlan, SetupBatching]:
         setting, gpu = setup.setting, request.gpu

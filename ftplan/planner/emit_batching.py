@@ -14,7 +14,9 @@ import pprint
 import textwrap
 from dataclasses import dataclass
 
-from ftplan.planner.dataset_plan import ALLOC_CONF_DOC, DatasetPlan, recommended_alloc_conf
+from ftplan.core import recipe
+from ftplan.core.settings import Setting
+from ftplan.planner.dataset_plan import ALLOC_CONF_DOC, DatasetPlan
 from ftplan.planner.search import PlanRequest, SetupPlan
 
 # transformers 5 names Trainer's length-grouped sampler this way; 4.x took group_by_length=True instead.
@@ -32,7 +34,8 @@ class PlannedBatch:
     limit: int | None    # samples over it are truncated or dropped; None when no sample is over
     too_long: str
     from_dataset: bool
-    alloc_conf: str = ""  # PYTORCH_CUDA_ALLOC_CONF the run should set (dataset_plan.recommended_alloc_conf)
+    alloc_conf: str = ""  # PYTORCH_CUDA_ALLOC_CONF of the planned recipe: what its predictions were made for
+    setting: Setting | None = None  # the planned recipe (collator padding, attention, dtype)
 
 
 def planned_batch(setup: SetupPlan, request: PlanRequest, dataset: DatasetPlan | None) -> PlannedBatch:
@@ -40,11 +43,12 @@ def planned_batch(setup: SetupPlan, request: PlanRequest, dataset: DatasetPlan |
     --seq-len at the largest safe batch (what a plan from a sample count assumes)."""
     choice = dataset.setups.get(setup.setting) if dataset is not None else None
     if choice is None:
-        return PlannedBatch(setup.batch, 1, "pad", request.base.seq_len, None, "truncate", False)
+        return PlannedBatch(setup.batch, 1, "pad", request.base.seq_len, None, "truncate", False,
+                            setup.setting.alloc_conf, setup.setting)
     limited, strategy = dataset.limited, dataset.options.strategy
     return PlannedBatch(choice.micro_batch, choice.accumulation, strategy, choice.batching.memory_length,
                         limited.limit if limited.over else None, limited.too_long, True,
-                        recommended_alloc_conf(strategy, request.gpu.name))
+                        setup.setting.alloc_conf, setup.setting)
 
 
 def sampler_args(batch: PlannedBatch) -> dict:
@@ -57,12 +61,12 @@ def collator_code(batch: PlannedBatch) -> tuple[str, str]:
     if batch.strategy == "pack":
         return "None", (f"SFTTrainer packs whole samples into rows of {batch.length:,} tokens (best-fit decreasing) "
                         "and collates them without padding")
+    arguments = ", ".join(f"{k}={v!r}" for k, v in recipe.collator_arguments(batch.setting, batch.length).items())
+    code = f"DataCollatorForSeq2Seq(tokenizer, {arguments})"
     if batch.strategy == "pad":
-        return (f'DataCollatorForSeq2Seq(tokenizer, padding="max_length", max_length={batch.length})',
-                f"every sample padded to {batch.length:,} tokens, the length the plan's memory and time assume")
+        return code, f"every sample padded to {batch.length:,} tokens, the length the plan's memory and time assume"
     grouped = "; the sampler groups samples of similar length" if batch.strategy == "group" else ""
-    return ('DataCollatorForSeq2Seq(tokenizer, padding="longest")',
-            f"each micro-batch padded to its own longest sample (at most {batch.length:,} tokens){grouped}")
+    return code, f"each micro-batch padded to its own longest sample (at most {batch.length:,} tokens){grouped}"
 
 
 def length_limit_comment(batch: PlannedBatch) -> list[str]:
@@ -82,14 +86,18 @@ def alloc_conf_lines(batch: PlannedBatch) -> list[str]:
     setting it here works only when train.py imports this module before that; README.txt's export works anyway.
     setdefault keeps a value the user exported.
     """
-    if not batch.alloc_conf:
-        return []
     return ["import os",
+            "import warnings",
             "",
-            "# Shapes that change every step fragment PyTorch's caching allocator; expandable segments let it grow",
-            f"# one segment instead ({ALLOC_CONF_DOC}).",
+            "# The caching allocator's configuration the plan's memory was predicted (and calibrated) under; another",
+            f"# one changes reserved memory, which decides an OOM ({ALLOC_CONF_DOC}).",
             "# PyTorch reads it once, when CUDA starts: import this module in train.py before anything is put on the GPU.",
-            f'os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "{batch.alloc_conf}")',
+            f"ALLOC_CONF = {batch.alloc_conf!r}",
+            "if ALLOC_CONF:",
+            '    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)',
+            'if os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") != ALLOC_CONF:',
+            '    warnings.warn(f"PYTORCH_CUDA_ALLOC_CONF is {os.environ[\'PYTORCH_CUDA_ALLOC_CONF\']!r}; the plan was made '
+            'for {ALLOC_CONF!r}", stacklevel=2)',
             ""]
 
 

@@ -146,6 +146,7 @@ class PlanRequest:
     lora_ranks: tuple[int, ...] = DEFAULT_LORA_RANKS
     host_memory_gib: float | None = None  # host RAM per node; None: unknown, offload rows only show their need
     precision: str | None = None  # --precision: only this regime; None ranks DEFAULT_PRECISIONS and any calibrated one
+    allow: tuple[str, ...] = ()  # opt-in setups: "qlora" adds every LoRA setup on a 4-bit NF4 base
 
     def __post_init__(self) -> None:
         if self.host_memory_gib is not None:
@@ -228,6 +229,9 @@ def make_plan(predictor: Predictor, request: PlanRequest, extra: Iterable[Settin
     precisions = (request.precision,) if request.precision else DEFAULT_PRECISIONS
     settings = enumerate_settings(request.base, request.lora_ranks,
                                   [s for s in extra if request.precision in (None, s.precision)], precisions)
+    if "qlora" in request.allow:
+        settings += [s.with_(quantization="nf4") for s in settings
+                     if s.lora_rank and not s.uses_deepspeed and s.precision in ("bf16", "fp16")]
     if request.gpu.name == CPU:  # Liger's kernels need CUDA (Triton), DeepSpeed an accelerator
         settings = [s for s in settings if not s.liger and not s.uses_deepspeed]
     setups = [plan_setup(predictor, s, request) for s in settings]

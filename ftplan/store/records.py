@@ -41,7 +41,7 @@ _TRIAL_FIELD_TYPES = {
                                      "pad_to_multiple_of")},
     **{key: "true or false" for key in ("offload_optimizer", "liger", "gradient_checkpointing")},
     **{key: "text" for key in ("model", "setting_key", "precision", "optimizer", "alloc_conf", "gpu_name",
-                               "attention", "padding")},
+                               "attention", "padding", "quantization")},
     **{key: "a number" for key in _MEASURED_NUMBERS},
     "lora_targets": "a list of strings",
     "step_seconds": "a list of numbers",

@@ -31,9 +31,11 @@ from ftplan.calibration.ladder import LadderStep
 from ftplan.calibration.runner import CalibrationPlan, CalibrationProgress, calibrate, pinned_machine_id
 from ftplan.cli.commands.dataset_options import check_dataset_options, dataset_options
 from ftplan.cli.commands.options import positive_int_list
+from ftplan.cli.main import Dependencies
 from ftplan.core.architecture import ALL_LINEAR_TARGETS, load_architecture
+from ftplan.models.bytes_per_param import OPTIMIZER_STATE_BYTES
 from ftplan.core.errors import FtplanError
-from ftplan.core.settings import PRECISIONS, Setting
+from ftplan.core.settings import ATTENTIONS, PRECISIONS, Setting
 from ftplan.core.units import GIB
 from ftplan.planner.dataset import CHARS_PER_TOKEN, load_lengths
 from ftplan.planner.dataset_plan import calibration_length
@@ -46,6 +48,7 @@ QUICK_BATCH_SIZES = (1, 2, 4)
 DEFAULT_MAX_BATCH = {"cuda": 1024, "cpu": 4}  # a CPU never runs out of memory before swapping, so stop early
 # A CPU calibration should take minutes: 256 tokens in fp32, the Trainer's own default off a GPU. bf16 on a
 # CPU without bf16 units ran tiny-llama 30x slower (3.7 s/step against 0.1 at 256 tokens, batch 1).
+CALIBRATED_PADDINGS = ("max_length", "longest", "none")  # packed rows are not calibrated yet: plans say so
 DEFAULT_SEQ_LEN = {"cuda": 2048, "cpu": 256}
 DEFAULT_PRECISION = {"cuda": "bf16", "cpu": "fp32"}
 SWITCH = click.Choice(["on", "off", "both"])
@@ -88,6 +91,10 @@ def _switch(value: str) -> tuple[bool, ...]:
 @click.option("--precision", type=click.Choice(PRECISIONS), default=None,
               help="Precision of training: bf16 mixed precision, bf16-pure (model loaded in bf16), fp16 or fp32.  "
                    "[default: bf16 on cuda; fp32 on cpu, which trains fastest without bf16 units]")
+@click.option("--quantization", type=click.Choice(["", "nf4"]), default="", show_default=True,
+              help="nf4: QLoRA, LoRA (--lora-rank) on a 4-bit NF4 base with double quantization (bitsandbytes).")
+@click.option("--optimizer", type=click.Choice(sorted(OPTIMIZER_STATE_BYTES)), default="adamw_torch", show_default=True,
+              help="Trainer `optim`, e.g. paged_adamw_8bit (bitsandbytes) for QLoRA.")
 @click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs (ranks) per trial.")
 @click.option("--batch-sizes", callback=positive_int_list("batch sizes"), default=None,
               help="Comma-separated micro-batches to run.  [default on cuda: 1,2,4 then --verify]")
@@ -105,6 +112,13 @@ def _switch(value: str) -> tuple[bool, ...]:
               help="Seconds before a trial is ended as an error.")
 @click.option("--alloc-conf", envvar="PYTORCH_CUDA_ALLOC_CONF", default="", show_default=False,
               help="PYTORCH_CUDA_ALLOC_CONF for the trials (part of the setting).  [default: $PYTORCH_CUDA_ALLOC_CONF]")
+@click.option("--padding", "paddings", type=click.Choice(CALIBRATED_PADDINGS), multiple=True,
+              default=("max_length",), show_default=True,
+              help="The collator's padding, as the emitted config's (`plan` without --dataset: max_length; "
+                   "--batching dynamic/group: longest): padded batches carry a mask, which sends SDPA down its masked "
+                   "path (K/V expanded to every query head); none: rows of exactly --seq-len, no mask. Repeatable.")
+@click.option("--attention", type=click.Choice(ATTENTIONS), default="sdpa", show_default=True,
+              help="attn_implementation the model is loaded with (part of the setting).")
 @click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Keep every rank's log here (by default logs are deleted; failures quote their last line).")
 @click.pass_context
@@ -113,10 +127,10 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
             tokenizer: Path | None, chars_per_token: float | None, too_long: str,
             zero_stages: tuple[int, ...], offload: str, liger: str,
             gradient_checkpointing: str, lora_ranks: tuple[int, ...], lora_targets: tuple[str, ...],
-            precision: str | None,
+            precision: str | None, quantization: str, optimizer: str,
             gpus: int,
             batch_sizes: tuple[int, ...] | None, max_batch: int | None, verify: bool | None, steps: int, warmup_steps: int,
-            timeout: float, alloc_conf: str, log_dir: Path | None) -> None:
+            timeout: float, alloc_conf: str, paddings: tuple[str, ...], attention: str, log_dir: Path | None) -> None:
     """Run short real fine-tunes of every combination of the options, at a ladder of batch sizes.
 
     Each trial runs in its own processes under a watchdog; every finished trial is appended at once,
@@ -131,8 +145,11 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
     precision = precision or DEFAULT_PRECISION[device]
     ctx.params.update(seq_lens=seq_lens, precision=precision)  # the command line kept in every record names them
     settings = expand_settings(models, seq_lens, zero_stages, _switch(offload), _switch(liger),
-                               _switch(gradient_checkpointing), lora_ranks, lora_targets, precision, gpus, alloc_conf)
-    if launcher.TRIAL_COMMAND == launcher.REAL_TRIAL_COMMAND:  # a stand-in trial (tests) needs no GPU
+                               _switch(gradient_checkpointing), lora_ranks, lora_targets, precision, gpus, alloc_conf,
+                               paddings, attention, quantization=quantization, optimizer=optimizer)
+    dependencies = ctx.find_object(Dependencies)
+    trial_command = dependencies.trial_command if dependencies else None
+    if trial_command is None:  # a stand-in trial (tests) needs no GPU
         settings = runnable_here(settings, device)
     out = out or measure.default_records_path()
     _check_writable(out)  # before reading it: a symlink or a user's own file is refused unread
@@ -142,7 +159,8 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
                            warmup_steps=warmup_steps, timeout=timeout,
                            max_batch=max_batch or DEFAULT_MAX_BATCH[device],
                            batch_sizes=QUICK_BATCH_SIZES if quick else batch_sizes,
-                           machine_id=machine, command=_command_line(ctx), log_dir=log_dir)
+                           machine_id=machine, command=_command_line(ctx), log_dir=log_dir,
+                           trial_command=trial_command)
     console.print(f"calibrating {len(settings)} setting(s) on {device}, appending to {plan.out}")
     with _sigterm_as_interrupt(), RichProgress(console) as progress:
         records = calibrate(settings, plan, progress)
@@ -163,10 +181,13 @@ def dataset_seq_len(dataset: Path, text_field: str | None, ids_field: str | None
 
 
 def expand_settings(models, seq_lens, zero_stages, offloads, ligers, checkpointings, lora_ranks, lora_targets,
-                    precision, gpus, alloc_conf) -> list[Setting]:
+                    precision, gpus, alloc_conf, paddings=("max_length",), attention="sdpa", quantization: str = "",
+                    optimizer: str = "adamw_torch") -> list[Setting]:
     """The cartesian product of the options; offload is only combined with ZeRO stages that support it."""
     if offloads == (True,) and 0 in zero_stages:
         raise FtplanError("--offload on needs DeepSpeed ZeRO: use --zero-stage 1-3 (or --offload both)")
+    if quantization and not all(lora_ranks):
+        raise FtplanError("--quantization nf4 is QLoRA: every --lora-rank must be above 0")
     if lora_targets != ALL_LINEAR_TARGETS and not any(lora_ranks):
         raise FtplanError("--lora-targets needs a --lora-rank above 0")
     for model in models:
@@ -174,14 +195,15 @@ def expand_settings(models, seq_lens, zero_stages, offloads, ligers, checkpointi
         for rank in {r for r in lora_ranks if r}:
             arch.lora_params(rank, lora_targets)  # names unknown modules in one line
     settings = []
-    for model, seq_len, zero, off, lig, gc, rank in itertools.product(
-            models, seq_lens, zero_stages, offloads, ligers, checkpointings, lora_ranks):
+    for model, seq_len, zero, off, lig, gc, rank, padding in itertools.product(
+            models, seq_lens, zero_stages, offloads, ligers, checkpointings, lora_ranks, paddings):
         if off and zero == 0:
             continue
         settings.append(Setting(model=model, seq_len=seq_len, zero_stage=zero, offload_optimizer=off, liger=lig,
                                 gradient_checkpointing=gc, lora_rank=rank,
                                 lora_targets=lora_targets if rank else ALL_LINEAR_TARGETS,
-                                precision=precision, gpus=gpus, alloc_conf=alloc_conf))
+                                precision=precision, gpus=gpus, alloc_conf=alloc_conf, padding=padding,
+                                attention=attention, quantization=quantization, optimizer=optimizer))
     return list(dict.fromkeys(settings))
 
 

@@ -8,7 +8,7 @@ import click
 
 from ftplan.core.architecture import ALL_LINEAR_TARGETS
 from ftplan.core.errors import FtplanError
-from ftplan.core.settings import PRECISIONS, ZERO_STAGES, Setting
+from ftplan.core.settings import ATTENTIONS, PADDINGS, PRECISIONS, ZERO_STAGES, Setting
 from ftplan.models.scaling import DEFAULT_GPUS_PER_NODE, fixed_layout, node_layout
 
 
@@ -59,7 +59,14 @@ SETTING_OPTIONS = (
     click.option("--nodes", type=click.IntRange(min=1), default=None,
                  help="Spread --gpus evenly over exactly this many nodes instead.  [default: as few as "
                       "--gpus-per-node allows]"),
+    click.option("--quantization", type=click.Choice(["", "nf4"]), default="", show_default=True,
+                 help="nf4: QLoRA, LoRA on a 4-bit NormalFloat base with double quantization (needs --lora-rank)."),
     click.option("--alloc-conf", default="", help="PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True."),
+    click.option("--padding", type=click.Choice(PADDINGS), default="max_length", show_default=True,
+                 help="How the collator shapes batches: max_length/longest pad with a mask (SDPA's masked path), "
+                      "none is rows of exactly --seq-len with no mask, packed is flattened rows."),
+    click.option("--attention", type=click.Choice(ATTENTIONS), default="sdpa", show_default=True,
+                 help="attn_implementation the model is loaded with."),
 )
 
 
@@ -96,4 +103,5 @@ def setting_from_options(options: dict) -> Setting:
                    zero_stage=int(options["zero_stage"]), offload_optimizer=options["offload"], liger=options["liger"],
                    lora_rank=options["lora_rank"], lora_targets=options["lora_targets"],
                    gradient_checkpointing=options["gradient_checkpointing"], gpus=per_node,
-                   nodes=nodes, alloc_conf=options["alloc_conf"])
+                   nodes=nodes, alloc_conf=options["alloc_conf"], padding=options["padding"],
+                   attention=options["attention"], quantization=options["quantization"])

@@ -64,6 +64,11 @@ host_memory_option = click.option(
               callback=positive_int_list("LoRA ranks"), help="LoRA ranks to consider.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default=None,
               help="Plan this precision regime only.  [default: rank bf16 mixed precision and pure bf16]")
+@click.option("--allow", "allow", type=click.Choice(["qlora"]), multiple=True,
+              help="Also rank QLoRA: LoRA on a 4-bit NF4 base (bitsandbytes). It needs about a quarter of the "
+                   "base's memory, but each linear is dequantized for every matmul, so a step is slower than "
+                   "LoRA on a bf16 base; the time is measured where calibrated, else the prior's FLOPs, which "
+                   "do not count the dequantization.")
 @budget_options
 @host_memory_option
 @calibrations_option
@@ -93,7 +98,7 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
             emit: Path | None, force: bool, dataset: Path | None = None, text_field: str | None = None,
             ids_field: str | None = None, tokenizer: Path | None = None, chars_per_token: float | None = None,
             too_long: str = "truncate", batching_strategy: str = "dynamic", pack_length: int | None = None,
-            global_batch: int | None = None) -> None:
+            global_batch: int | None = None, allow: tuple[str, ...] = ()) -> None:
     """Which setup finishes fastest (or cheapest) on this GPU, with its largest safe batch, ETA and cost;
     with several GPU counts, how full and LoRA fine-tuning scale and which count to use."""
     if dataset is None and dataset_size is None:
@@ -111,7 +116,7 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
                               safety_margin=safety_margin, context_reserve_gib=context_reserve_gib,
                               host_memory_gib=host_memory_gib, calibrations=calibrations, gpu_specs=gpu_specs,
                               dataset=dataset, dataset_options=options, text_field=text_field, ids_field=ids_field,
-                              tokenizer=tokenizer, chars_per_token=chars_per_token)
+                              tokenizer=tokenizer, chars_per_token=chars_per_token, allow=allow)
     finally:  # shown even when the plan fails, in the order they came
         for caught_warning in caught:
             warnings.showwarning(caught_warning.message, caught_warning.category, caught_warning.filename,

@@ -1,0 +1,70 @@
+"""The recipe: what a training run is made of beyond its batch, written once for the trial and for `--emit`.
+
+A calibration trial and the emitted training_args.py build the run from these same dictionaries, so a
+record describes exactly what the emitted config does: Trainer arguments, the collator (padding, its
+side, pad-to-multiple, hence the attention mask the batches carry), the model's dtype and attention
+implementation, and PYTORCH_CUDA_ALLOC_CONF. No torch here: the planner writes them as text.
+"""
+
+from __future__ import annotations
+
+from ftplan.core.settings import Setting
+
+PADDING_SIDE = "right"  # causal-LM training pads on the right: the loss ignores the padded tail (-100 labels)
+# The trial's and the emitted collator's padding argument per recipe padding (packed rows are flattened instead).
+COLLATOR_PADDING = {"max_length": "max_length", "longest": "longest", "none": "longest"}
+
+
+def trainer_arguments(setting: Setting) -> dict:
+    """TrainingArguments keys that change memory or time: precision, optimizer, checkpointing, Liger.
+
+    The checkpointing keys carry transformers' older names; training_args.py renames them to the installed
+    version's (activation_checkpointing since 5.2x), so neither the trial nor the user sees a deprecated key.
+    """
+    args = {
+        "optim": setting.optimizer,
+        "bf16": setting.precision in ("bf16", "bf16-pure"),
+        "fp16": setting.precision == "fp16",
+        "gradient_checkpointing": setting.gradient_checkpointing,
+        "use_liger_kernel": setting.liger,
+    }
+    if setting.gradient_checkpointing:
+        args["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+    return args
+
+
+def collator_arguments(setting: Setting, length: int) -> dict:
+    """DataCollatorForSeq2Seq's keyword arguments for the recipe's padding, at the planned padded length."""
+    args: dict = {"padding": COLLATOR_PADDING.get(setting.padding, "longest")}
+    if setting.padding == "max_length":
+        args["max_length"] = length
+    if setting.pad_to_multiple_of:
+        args["pad_to_multiple_of"] = setting.pad_to_multiple_of
+    return args
+
+
+def model_arguments(setting: Setting) -> dict:
+    """from_pretrained / from_config keywords: the weights' dtype and the attention implementation.
+
+    Full fine-tuning under bf16 mixed precision keeps fp32 weights (the Trainer autocasts); a LoRA base is
+    frozen in bf16; bf16-pure loads everything in bf16, as `dtype=torch.bfloat16` does.
+    """
+    half = setting.precision == "bf16-pure" or (setting.lora_rank > 0 and setting.precision in ("bf16", "fp16"))
+    dtype = ("float16" if setting.precision == "fp16" else "bfloat16") if half else "float32"
+    return {"dtype": dtype, "attn_implementation": setting.attention}
+
+
+def lora_arguments(setting: Setting) -> dict | None:
+    """peft.LoraConfig keywords, or None for full fine-tuning."""
+    if not setting.lora_rank:
+        return None
+    return {"r": setting.lora_rank, "lora_alpha": 2 * setting.lora_rank, "target_modules": list(setting.lora_targets),
+            "task_type": "CAUSAL_LM"}
+
+
+def differences(emitted: Setting, calibrated: Setting) -> list[str]:
+    """The recipe fields in which an emitted run differs from a calibrated one, in words (empty: the same run)."""
+    names = {"padding": "collator padding", "attention": "attention implementation", "alloc_conf":
+             "PYTORCH_CUDA_ALLOC_CONF", "pad_to_multiple_of": "pad_to_multiple_of", "optimizer": "optimizer"}
+    return [f"{names[field]} {getattr(calibrated, field)!r} calibrated, {getattr(emitted, field)!r} emitted"
+            for field in names if getattr(emitted, field) != getattr(calibrated, field)]
