@@ -98,26 +98,20 @@ def test_dynamic_padding_pads_each_micro_batch_to_its_longest_and_labels_with_mi
     assert batch["labels"][0].tolist() == [1, 1, 1] + [-100] * 4
 
 
-@pytest.mark.parametrize("strategy", ["dynamic", "group"])
-def test_variable_shapes_on_a_gpu_set_expandable_segments_before_cuda_allocates(tmp_path, strategy):
+@pytest.mark.parametrize("alloc_conf", ["expandable_segments:True", ""])
+def test_the_emitted_module_sets_the_allocator_the_plan_was_made_for_before_cuda_allocates(tmp_path, alloc_conf):
     pytest.importorskip("transformers")
-    _emit(tmp_path, strategy)
-    readme, module_text = (tmp_path / README).read_text(), (tmp_path / TRAINING_ARGS_PY).read_text()
-    assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in readme
-    setdefault = 'os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")'
-    assert module_text.index(setdefault) < module_text.index("from transformers import")  # before torch is loaded
+    setting = Setting(model="llama-3-8b", lora_rank=16, seq_len=48, padding="max_length", alloc_conf=alloc_conf)
+    request = PlanRequest(base=setting, dataset_size=1000, epochs=1, gpu=GPU, budget=MemoryBudget(GPU.memory_bytes))
+    write_configs(tmp_path, plan_setup(FakePredictor(), setting, request), request)
+    module_text = (tmp_path / TRAINING_ARGS_PY).read_text()
+    assert module_text.index("ALLOC_CONF = ") < module_text.index("from transformers import")  # before torch loads
     _module(tmp_path)
-    assert os.environ[ALLOC_CONF] == "expandable_segments:True"
-    os.environ[ALLOC_CONF] = "backend:cudaMallocAsync"  # a value the user exported is kept
-    _module(tmp_path)
+    assert os.environ.get(ALLOC_CONF, "") == alloc_conf
+    os.environ[ALLOC_CONF] = "backend:cudaMallocAsync"  # a value the user exported is kept, with a warning
+    with pytest.warns(UserWarning, match="the plan was made for"):
+        _module(tmp_path)
     assert os.environ[ALLOC_CONF] == "backend:cudaMallocAsync"
-
-
-@pytest.mark.parametrize("strategy, gpu", [("pad", GPU), ("pack", GPU), ("dynamic", GpuSpec(CPU, 80, 1, 40))])
-def test_fixed_shapes_or_a_cpu_leave_the_allocator_alone(tmp_path, strategy, gpu):
-    _emit(tmp_path, strategy, gpu=gpu)
-    for name in (README, TRAINING_ARGS_PY):
-        assert ALLOC_CONF not in (tmp_path / name).read_text()
 
 
 def test_pad_to_max_pads_every_sample_to_the_planned_length(tmp_path):
@@ -129,7 +123,7 @@ def test_pad_to_max_pads_every_sample_to_the_planned_length(tmp_path):
 
 def test_a_plan_without_a_dataset_pads_to_seq_len_at_the_largest_safe_batch(tmp_path):
     pytest.importorskip("transformers")
-    setting = Setting(model="llama-3-8b", lora_rank=16, seq_len=48)
+    setting = Setting(model="llama-3-8b", lora_rank=16, seq_len=48, padding="max_length")
     request = PlanRequest(base=setting, dataset_size=1000, epochs=1, gpu=GPU, budget=MemoryBudget(GPU.memory_bytes))
     setup = plan_setup(FakePredictor(), setting, request)
     write_configs(tmp_path, setup, request)

@@ -9,14 +9,14 @@ import pytest
 
 from ftplan.core.architecture import load_architecture
 from ftplan.core.errors import FtplanError
-from ftplan.core.settings import Setting
+from ftplan.core.settings import KEYLESS_DEFAULTS, Setting
 from ftplan.models.bytes_per_param import NF4_BYTES, OPTIMIZER_STATE_BYTES
 from ftplan.models.prior import memory_terms
 
 
 def test_a_setting_without_quantization_keeps_the_key_records_were_written_with():
     setting = Setting("llama-3-8b", lora_rank=16)
-    old = {k: v for k, v in setting.to_dict().items() if k != "quantization"}
+    old = {k: v for k, v in setting.to_dict().items() if k not in KEYLESS_DEFAULTS}
     assert setting.key() == hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:16]
     assert setting.with_(quantization="nf4").key() != setting.key()
 

@@ -12,7 +12,8 @@ from ftplan.core.settings import Setting
 
 PADDING_SIDE = "right"  # causal-LM training pads on the right: the loss ignores the padded tail (-100 labels)
 # The trial's and the emitted collator's padding argument per recipe padding (packed rows are flattened instead).
-COLLATOR_PADDING = {"max_length": "max_length", "longest": "longest", "none": "longest"}
+# "none" plans (no dataset) emit max_length padding, whose mask the unmasked records do not measure: README says so.
+COLLATOR_PADDING = {"max_length": "max_length", "longest": "longest", "none": "max_length"}
 
 
 def trainer_arguments(setting: Setting) -> dict:
@@ -36,7 +37,7 @@ def trainer_arguments(setting: Setting) -> dict:
 def collator_arguments(setting: Setting, length: int) -> dict:
     """DataCollatorForSeq2Seq's keyword arguments for the recipe's padding, at the planned padded length."""
     args: dict = {"padding": COLLATOR_PADDING.get(setting.padding, "longest")}
-    if setting.padding == "max_length":
+    if args["padding"] == "max_length":
         args["max_length"] = length
     if setting.pad_to_multiple_of:
         args["pad_to_multiple_of"] = setting.pad_to_multiple_of

@@ -125,8 +125,9 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
                           f"per step; use --gpus up to {int(dataset_size * epochs):,}")
     if dataset is not None and len(counts) > 1:
         raise FtplanError("--dataset plans one GPU count at a time; give --gpus N")
-    strategy = (dataset_options or DatasetOptions()).strategy if dataset is not None else "pad"
-    base = Setting(model=model, seq_len=seq_len, padding=STRATEGY_PADDING[strategy], attention=attention,
+    # Without a dataset the shipped records' recipe (rows of seq_len, no mask); a dataset's batching sets its own.
+    padding = STRATEGY_PADDING[(dataset_options or DatasetOptions()).strategy] if dataset is not None else "none"
+    base = Setting(model=model, seq_len=seq_len, padding=padding, attention=attention,
                    alloc_conf=alloc_conf)
     catalog = load_catalog(Path(gpu_specs) if gpu_specs else None)
     card = find_gpu(gpu, catalog)
@@ -179,8 +180,7 @@ def predict(model: str, batch_size: int, gpu: str = "H200", *, calibrations: Seq
     card = find_gpu(gpu, catalog)
     evidence = load_evidence(tuple(Path(c) for c in calibrations), catalog)
     links, _ = evidence.links(card)
-    recipe = {"padding": "max_length", **setting}  # by default the emitted collator's: padded to seq_len, masked
-    return evidence.predictor_with(links).predict(Setting(model=model, **recipe), batch_size, card)
+    return evidence.predictor_with(links).predict(Setting(model=model, **setting), batch_size, card)
 
 
 # Notebook arguments are checked here, as click checks the CLI's: a string or 4.5 reached the arithmetic as a
