@@ -109,6 +109,25 @@ FAULTS = (
         f"{HOSTILE}control_and_bidi_characters_from_a_file_are_escaped_in_warnings",
         f"{HOSTILE}the_cli_escapes_control_and_bidi_characters_in_every_warning")),
     Fault(15, "no CUDA: refused up front; Liger skipped on a CPU", ("tests/test_calibrate_device_checks.py",)),
+    # issue 27: the newcomer's path and the adversarial run
+    Fault(16, "network calibration test needs no wall-clock luck", ("tests/test_network.py",)),
+    Fault(17, "callback restores SIGTERM and excepthook after a caught failure", (
+        "tests/test_callback_signal_handlers.py",)),
+    Fault(18, "hostile GPU/model names: no code injection on emit", ("tests/test_emit_hostile_names.py",)),
+    Fault(19, "unknown optimizer/LoRA target record: skipped, file:line", ("tests/test_records_without_a_model.py",)),
+    Fault(20, "calibrate --out: no user file, symlink or FIFO", ("tests/test_calibration_store_refusals.py",)),
+    Fault(21, "dict/list machine_id, device, arch_hash: skipped", ("tests/test_records_identity_types.py",)),
+    Fault(22, "fit cache keyed on configs; FIFO/device/huge cache refitted", ("tests/test_fit_cache_inputs.py",)),
+    Fault(23, "callback records measured shapes, not seq_len=", ("tests/test_callback_measured_shapes.py",)),
+    Fault(24, "--gpu-specs validated, intra_node_gbs used, FIFO; 1e309 link", ("tests/test_gpu_specs_file.py",)),
+    Fault(25, "plan --dataset: bad lines by line, nesting, splits, FIFO, gzip", (
+        "tests/test_dataset_hostile_inputs.py",)),
+    Fault(26, "--emit --force atomic, manifest, user files kept", ("tests/test_emit_atomic_force.py",)),
+    Fault(27, "adamw_torch_fused predicted from adamw_torch (CPU callback)", ("tests/test_callback_adamw_variants.py",)),
+    Fault(28, "emitted README: files written, pack loads .py, WARNINGS", ("tests/test_emit_readme.py",)),
+    Fault(29, "does not fit: exit 3 (plan, eta), bad input 2", ("tests/test_exit_status_does_not_fit.py",)),
+    Fault(30, "Hub id hint; a huge config.json refused unread", ("tests/test_model_argument_hints.py",)),
+    Fault(31, "a FIFO among the calibrations never hangs a plan", ("tests/test_calibrations_fifo.py",)),
 )
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import click
 
-from ftplan.core.errors import FtplanError
+from ftplan.core.errors import EXIT_DOES_NOT_FIT, DoesNotFit, FtplanError
 from ftplan.store.records import printable
 
 EXIT_USER_ERROR = 2
@@ -108,10 +108,13 @@ def main(argv: list[str] | None = None, trial_command: tuple[str, ...] | None = 
 def _run(argv: list[str] | None, trial_command: tuple[str, ...] | None) -> None:
     """Run the CLI, turning expected failures into one-line errors and exit codes."""
     try:
-        cli.main(args=argv, prog_name="ftplan", standalone_mode=False, obj=Dependencies(trial_command))
+        code = cli.main(args=argv, prog_name="ftplan", standalone_mode=False,  # a ctx.exit(N) comes back as N
+                        obj=Dependencies(trial_command))
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except FtplanError as exc:
         click.echo(f"error: {printable(' '.join(str(exc).split()))}", err=True)  # one line even when it quotes a newline
-        sys.exit(EXIT_USER_ERROR)
+        sys.exit(EXIT_DOES_NOT_FIT if isinstance(exc, DoesNotFit) else EXIT_USER_ERROR)
     except click.UsageError as exc:
         click.echo(_usage_line(exc), err=True)
         sys.exit(exc.exit_code)

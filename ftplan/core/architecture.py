@@ -20,6 +20,7 @@ from ftplan.core.errors import FtplanError
 from ftplan.core.families import FAMILIES, Family
 from ftplan.core.paths import architectures_dir
 
+MAX_CONFIG_BYTES = 16 * 2**20
 ALL_LINEAR_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 _OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "num_experts", "num_local_experts", "num_experts_per_tok",
@@ -335,6 +336,8 @@ def load_architecture(name_or_path: str) -> Architecture:
     """A shipped architecture by id (e.g. 'llama-3-8b'), a Hugging Face config.json by path, or a local
     model folder holding one; the config is checked here, so a bad one fails in one line, not in a fit."""
     path, arch_id = _config_path(name_or_path)
+    if path.stat().st_size > MAX_CONFIG_BYTES:  # a config is a few kB; a 1 GB one was read whole
+        raise FtplanError(f"model config {path} is over {MAX_CONFIG_BYTES // 2**20} MiB: not a config.json")
     try:
         config = json.loads(path.read_bytes())
     except RecursionError:
@@ -357,7 +360,10 @@ def _config_path(name_or_path: str) -> tuple[Path, str]:
         return path / "config.json", path.resolve().name
     if path.suffix == ".json" or "/" in name_or_path or os.sep in name_or_path:
         if not path.is_file():
-            raise FtplanError(f"model config {path} does not exist")
+            hub = "" if path.suffix or path.exists() or name_or_path.count("/") != 1 else (
+                f"; '{name_or_path}' looks like a Hugging Face Hub id: ftplan cannot download, "
+                "so pass a local config.json or the model folder holding it")
+            raise FtplanError(f"model config {path} does not exist{hub}")
         return path, path.parent.resolve().name if path.name == "config.json" else path.stem
     if not shipped.is_file():
         known = available_architectures()

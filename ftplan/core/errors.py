@@ -3,3 +3,10 @@
 
 class FtplanError(Exception):
     """A problem with the user's input or data files, explained in one line."""
+
+
+EXIT_DOES_NOT_FIT = 3  # the answer "no": a script can tell it from bad input (2)
+
+
+class DoesNotFit(FtplanError):
+    """Nothing fits: not in GPU memory even at batch 1, not in host RAM, or not within --max-hours."""

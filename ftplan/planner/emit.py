@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 from ftplan.calibration.deepspeed_config import deepspeed_config
@@ -75,7 +76,7 @@ def headline(setup: SetupPlan, request: PlanRequest) -> str:
     return f"{setup.label} for {setup.setting.model} on {setup.setting.world_size} x {request.gpu.name}"
 
 
-def readme(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch) -> str:
+def readme(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch, plan_warnings: Sequence[str] = ()) -> str:
     """How to use the files, and the collator, Liger and LoRA lines the Trainer arguments cannot carry."""
     setting = setup.setting
     if setting.nodes > 1:
@@ -92,9 +93,11 @@ def readme(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch) -> str:
         f"{setup.eta.steps:,} steps x {setup.eta.seconds_per_step:.2f} s = "
         f"{format_duration(setup.eta.total_seconds)} (h:mm), predicted source: {setup.best.source}",
         "",
-        "Run from this folder: training_args.json names ds_config.json and output/ relative to it, so the folder",
+        f"Run from this folder: training_args.json names {'ds_config.json and ' if setting.uses_deepspeed else ''}"
+        "output/ relative to it, so the folder",
         "works wherever it is copied (to the cluster, say). Load the arguments in your train.py and launch it:",
-        "    args = TrainingArguments(**json.load(open('training_args.json')))",
+        *(["    args = training_arguments()  # from training_args.py below: the JSON cannot carry packing"]
+          if batch.strategy == "pack" else ["    args = TrainingArguments(**json.load(open('training_args.json')))"]),
         f"    cd THIS_FOLDER && {launch}",
         "",
         f"The planned batching needs its collator too: {why}. training_args.py builds both (any folder):",
@@ -131,6 +134,8 @@ def readme(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch) -> str:
         lines += ["", "Liger: training_args.json sets use_liger_kernel=True; outside the Trainer patch the model first:",
                   "    from liger_kernel.transformers import AutoLigerKernelForCausalLM",
                   "    model = AutoLigerKernelForCausalLM.from_pretrained(MODEL)"]
+    if plan_warnings:  # the folder travels without the terminal that showed them
+        lines += ["", "WARNINGS from the plan:", *(f"  - {w}" for w in plan_warnings)]
     if setting.lora_rank:
         targets = ", ".join(repr(t) for t in setting.lora_targets)
         lines += ["", "LoRA (PEFT) on the model before building the Trainer:",
@@ -143,9 +148,10 @@ def readme(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch) -> str:
 
 
 def write_configs(directory: Path, setup: SetupPlan, request: PlanRequest, force: bool = False,
-                  dataset: DatasetPlan | None = None) -> list[Path]:
+                  dataset: DatasetPlan | None = None, plan_warnings: Sequence[str] = ()) -> list[Path]:
     """Write training_args.json and .py, ds_config.json (DeepSpeed setups only) and README.txt; return their
-    paths. With a dataset plan, its batching (micro-batch × accumulation, sampler, collator) is written.
+    paths. With a dataset plan, its batching (micro-batch × accumulation, sampler, collator) is written;
+    plan_warnings (what the plan warned of) go into README.txt.
 
     The folder must be empty, so a user's files are never overwritten; force replaces the files ftplan
     wrote there, as its manifest lists them and unedited (all of them, so no ds_config.json of an earlier
@@ -156,7 +162,7 @@ def write_configs(directory: Path, setup: SetupPlan, request: PlanRequest, force
     directory = Path(directory)
     if directory.is_symlink():
         raise FtplanError(f"{directory} is a symlink; emit into a real folder")
-    files = _file_texts(setup, request, planned_batch(setup, request, dataset))
+    files = _file_texts(setup, request, planned_batch(setup, request, dataset), plan_warnings)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # the folder checked is the one written
@@ -171,7 +177,8 @@ def write_configs(directory: Path, setup: SetupPlan, request: PlanRequest, force
     return [directory / name for name in files]
 
 
-def _file_texts(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch) -> dict[str, str]:
+def _file_texts(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch,
+                plan_warnings: Sequence[str] = ()) -> dict[str, str]:
     """Every file of the plan by name; paths inside are relative to the folder, so it can be copied as a whole."""
     ds = ds_config(setup.setting, batch.micro_batch, batch.accumulation)
     args = training_args(setup.setting, batch.micro_batch, request.epochs, OUTPUT_DIR, DS_CONFIG if ds else None,
@@ -179,7 +186,7 @@ def _file_texts(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch) -> 
     texts = {DS_CONFIG: json.dumps(ds, indent=2) + "\n"} if ds else {}
     return {**texts, TRAINING_ARGS: json.dumps(args, indent=2) + "\n",
             TRAINING_ARGS_PY: training_args_py(args, batch, headline(setup, request)),
-            README: readme(setup, request, batch)}
+            README: readme(setup, request, batch, plan_warnings)}
 
 
 def _replaceable(folder: int, directory: Path, names: set[str], force: bool) -> set[str]:

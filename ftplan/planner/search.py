@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ftplan.core.architecture import cached_architecture
-from ftplan.core.errors import FtplanError
+from ftplan.core.errors import DoesNotFit, FtplanError
 from ftplan.core.hardware import CPU, GpuSpec
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
@@ -239,7 +239,7 @@ def make_plan(predictor: Predictor, request: PlanRequest, extra: Iterable[Settin
     unfit = [s for s in setups if not s.fits]
     if not fitting:  # setups without offload never fall short of host RAM, so some are GPU-bound
         gpu_unfit = [s for s in unfit if not s.host_short]
-        raise FtplanError(
+        raise DoesNotFit(
             f"no setup of {request.base.model} at seq-len {request.base.seq_len} fits on {request.gpu.name} "
             f"even at batch 1 ({request.budget.describe()}); the smallest needs "
             f"{min(s.at_batch_one.peak_reserved.upper for s in gpu_unfit) / GIB:.1f} GiB; "

@@ -198,8 +198,10 @@ def iter_records(path: Path, kind: str = "trial") -> Iterator[dict]:
 
 def _open_records_file(path: Path) -> BinaryIO:
     """A regular file (or a pipe) opened for reading; a device such as /dev/zero never ends, so it is refused."""
-    try:
-        stream = path.open("rb")
+    try:  # a FIFO opened without O_NONBLOCK waits for a writer forever; once open, one without a writer reads as empty
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        os.set_blocking(fd, True)
+        stream = os.fdopen(fd, "rb")
     except OSError as exc:
         raise FtplanError(f"cannot read calibration file {printable(str(path))}: {exc.strerror}") from None
     mode = os.fstat(stream.fileno()).st_mode
@@ -347,8 +349,8 @@ def _read_all(paths: Iterable[Path], kind: str) -> list[dict]:
     records: list[dict] = []
     for path in paths:
         path = Path(path)
-        if path.is_dir():
-            records.extend(_read_all(sorted(path.glob("*.jsonl")), kind))
+        if path.is_dir():  # only its regular files: a FIFO dropped in ./calibrations/ once hung every plan
+            records.extend(_read_all(sorted(p for p in path.glob("*.jsonl") if p.is_file()), kind))
         elif not path.exists():
             raise FtplanError(f"calibration file {printable(str(path))} does not exist")
         else:

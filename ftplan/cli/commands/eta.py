@@ -18,6 +18,7 @@ from ftplan.cli.commands.options import setting_from_options, setting_options, s
 from ftplan.cli.commands.plan import host_memory_option
 from ftplan.cli.render import eta_lines, host_line
 from ftplan.core.architecture import load_architecture
+from ftplan.core.errors import EXIT_DOES_NOT_FIT
 from ftplan.core.hardware import find_gpu, load_catalog
 from ftplan.core.units import GIB
 from ftplan.models.communication import describe_layout
@@ -76,6 +77,7 @@ def command(batch_size: int, dataset_size: int, epochs: float, price_per_hour: f
                                "host_memory_enough": host_enough,
                                "usable_gib": budget.usable_bytes / GIB, "eta": eta_to_dict(eta), "layout": layout,
                                "prediction": prediction_to_dict(prediction)}, indent=2))
+        _exit_unless(fits)
         return
     click.echo(f"{setting.label()} on {setting.world_size} x {gpu.name}, batch {batch_size} per GPU, "
                f"{dataset_size:,} samples x {epochs:g} epochs")
@@ -85,3 +87,10 @@ def command(batch_size: int, dataset_size: int, epochs: float, price_per_hour: f
     host = host_line(host_bytes, host_memory_gib, host_enough)
     for line in eta_lines(prediction, eta, budget) + ([host] if host else []):
         click.echo(f"  {line}")
+    _exit_unless(fits)
+
+
+def _exit_unless(fits: bool) -> None:
+    """Exit 3 when the configuration does not fit: a script reads the answer from the status."""
+    if not fits:
+        raise click.exceptions.Exit(EXIT_DOES_NOT_FIT)

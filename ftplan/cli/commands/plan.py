@@ -4,6 +4,7 @@ over a range of GPU counts, the scaling of full and LoRA fine-tuning and the cou
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import click
@@ -23,11 +24,11 @@ from ftplan.cli.render import (
     print_plan,
     print_scaling,
 )
-from ftplan.core.errors import FtplanError
+from ftplan.core.errors import EXIT_DOES_NOT_FIT, DoesNotFit
 from ftplan.core.settings import PRECISIONS
 from ftplan.models.batching import STRATEGIES
 from ftplan.models.scaling import DEFAULT_GPUS_PER_NODE
-from ftplan.planner import api
+from ftplan.planner import advice, api
 from ftplan.planner.dataset_plan import DatasetOptions
 from ftplan.planner.search import DEFAULT_LORA_RANKS
 
@@ -106,14 +107,20 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
     seq_len_given = click.get_current_context().get_parameter_source("seq_len") != ParameterSource.DEFAULT
     options = DatasetOptions(batching_strategy, pack_length or (seq_len if batching_strategy == "pack" else None),
                              seq_len if seq_len_given else None, too_long, global_batch)
-    result = api.plan(model, dataset_size, gpu_name, epochs=epochs, seq_len=seq_len, gpus=gpus,
-                      gpus_per_node=gpus_per_node, step_time_cv=step_time_cv, intra_node_bandwidth=intra_node_bandwidth,
-                      inter_node_bandwidth=inter_node_bandwidth, price_per_hour=price_per_hour, max_hours=max_hours,
-                      by=by, training=training, lora_ranks=lora_ranks, precision=precision,
-                      safety_margin=safety_margin, context_reserve_gib=context_reserve_gib,
-                      host_memory_gib=host_memory_gib, calibrations=calibrations, gpu_specs=gpu_specs,
-                      dataset=dataset, dataset_options=options, text_field=text_field, ids_field=ids_field,
-                      tokenizer=tokenizer, chars_per_token=chars_per_token, allow=allow)
+    try:
+        with warnings.catch_warnings(record=True) as caught:  # kept for the emitted README, then shown as ever
+            result = api.plan(model, dataset_size, gpu_name, epochs=epochs, seq_len=seq_len, gpus=gpus,
+                              gpus_per_node=gpus_per_node, step_time_cv=step_time_cv, intra_node_bandwidth=intra_node_bandwidth,
+                              inter_node_bandwidth=inter_node_bandwidth, price_per_hour=price_per_hour, max_hours=max_hours,
+                              by=by, training=training, lora_ranks=lora_ranks, precision=precision,
+                              safety_margin=safety_margin, context_reserve_gib=context_reserve_gib,
+                              host_memory_gib=host_memory_gib, calibrations=calibrations, gpu_specs=gpu_specs,
+                              dataset=dataset, dataset_options=options, text_field=text_field, ids_field=ids_field,
+                              tokenizer=tokenizer, chars_per_token=chars_per_token, allow=allow)
+    finally:  # shown even when the plan fails, in the order they came
+        for caught_warning in caught:
+            warnings.showwarning(caught_warning.message, caught_warning.category, caught_warning.filename,
+                                 caught_warning.lineno)
     plan, scaling, failed = result.plan, result.scaling, result.failed
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
@@ -132,9 +139,12 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
             console.print(f"note: {note}")
     if emit is not None:
         if plan is None or plan.recommended is None:
-            raise FtplanError("nothing to emit: no setup was recommended")
+            raise DoesNotFit("nothing to emit: no setup was recommended")
         from ftplan.planner.emit import README, write_configs
-        written = write_configs(emit, plan.recommended, plan.request, force, result.dataset_plan)
+        written = write_configs(emit, plan.recommended, plan.request, force, result.dataset_plan,
+                                [*advice.warnings_for(plan), *(str(w.message) for w in caught)])
         click.echo(f"wrote {', '.join(str(p) for p in written)}", err=as_json)
         click.echo(f"use them: `from training_args import training_arguments, data_collator` in train.py "
                    f"(how: {emit / README})", err=as_json)
+    if plan is not None and plan.recommended is None:  # all too slow for --max-hours, or of the wrong kind
+        raise click.exceptions.Exit(EXIT_DOES_NOT_FIT)

@@ -1,0 +1,44 @@
+"""The emitted README.txt tells a newcomer only what is true of the folder: it names only files written, loads
+the arguments the way that keeps the planned batching (packing lives in training_args.py alone), and carries
+the plan's warnings, which the terminal showed once."""
+
+from __future__ import annotations
+
+import json
+
+from ftplan.planner.emit import DS_CONFIG, README
+from tests.helpers import run_ftplan
+
+PLAN = ["plan", "--model", "llama-3.2-1b", "--gpu", "H200", "--dataset-size", "1000"]
+
+
+def emit(tmp_path, capsys, monkeypatch, *args):
+    folder = tmp_path / "configs"
+    code, out, err = run_ftplan([*PLAN, *args, "--emit", folder], capsys, monkeypatch)
+    assert code == 0, err
+    return folder, out + err
+
+
+def test_a_plan_without_deepspeed_names_no_ds_config(tmp_path, capsys, monkeypatch):
+    folder, _ = emit(tmp_path, capsys, monkeypatch, "--full", "--lora-ranks", "16")
+    assert not (folder / DS_CONFIG).exists()
+    assert DS_CONFIG not in (folder / README).read_text()
+
+
+def test_a_packed_plan_loads_its_arguments_from_training_args_py(tmp_path, capsys, monkeypatch):
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_text("".join(json.dumps({"text": "word " * (20 + i % 50)}) + "\n" for i in range(200)))
+    folder = tmp_path / "configs"
+    code, _out, err = run_ftplan(["plan", "--model", "llama-3.2-1b", "--gpu", "H200", "--dataset", dataset,
+                                  "--batching", "pack", "--pack-length", "512", "--emit", folder], capsys, monkeypatch)
+    assert code == 0, err
+    text = (folder / README).read_text()
+    assert "json.load(open('training_args.json'))" not in text and "training_arguments()" in text
+
+
+def test_the_plans_warnings_are_written_into_the_readme(tmp_path, capsys, monkeypatch):
+    folder, printed = emit(tmp_path, capsys, monkeypatch)
+    warned = [line.removeprefix("warning: ") for line in printed.splitlines() if line.startswith("warning: ")]
+    text = (folder / README).read_text()
+    assert warned and "WARNINGS from the plan:" in text
+    assert all(w[:60] in text for w in warned)

@@ -1,0 +1,34 @@
+""""Does not fit" is an answer, not bad input: plan and eta exit 3 for it (2 stays bad input, 0 a plan that fits),
+so a script can branch on the status."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ftplan.core.errors import EXIT_DOES_NOT_FIT
+from tests.helpers import run_ftplan
+
+PLAN = ["plan", "--model", "llama-3.2-1b", "--gpu", "H200", "--dataset-size", "1000000"]
+ETA = ["eta", "--model", "llama-3-8b", "--gpu", "RTX-3090", "--dataset-size", "1000"]
+
+
+@pytest.mark.parametrize("args", [
+    [*PLAN, "--max-hours", "0.001"],
+    [*PLAN, "--max-hours", "0.001", "--json"],
+    ["plan", "--model", "llama-3-8b", "--gpu", "RTX-3090", "--dataset-size", "1000", "--seq-len", "32768", "--full"],
+    [*ETA, "--batch-size", "64"],
+    [*ETA, "--batch-size", "64", "--json"],
+], ids=["plan-max-hours", "plan-max-hours-json", "plan-card-too-small", "eta-not-safe", "eta-not-safe-json"])
+def test_nothing_fitting_exits_3_after_saying_why(capsys, monkeypatch, args):
+    code, out, err = run_ftplan(args, capsys, monkeypatch)
+    assert code == EXIT_DOES_NOT_FIT == 3, err
+    assert "Traceback" not in err and (out or err)
+    if "--json" in args:
+        json.loads(out)  # the answer is still printed whole
+
+
+def test_a_plan_that_fits_exits_0_and_bad_input_2(capsys, monkeypatch):
+    assert run_ftplan(PLAN, capsys, monkeypatch)[0] == 0
+    assert run_ftplan([*PLAN, "--epochs", "-1"], capsys, monkeypatch)[0] == 2
