@@ -149,6 +149,15 @@ def run_trial(spec: TrialSpec, timeout: float, trial_command: Sequence[str] | No
     return TrialOutcome(outcomes, time.monotonic() - started)
 
 
+def run_process(command: Sequence[str], result_path: Path, log: Path, timeout: float) -> RankOutcome:
+    """One rank under the same watchdog as a trial's (a rehearsal), with a one-rank process-group environment
+    for DeepSpeed: how it ended, with its result."""
+    env = {**os.environ, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(_free_port())}
+    ended = run_ranks([RankLaunch(list(command), log, env)], timeout)
+    return _rank_outcome(0, ended.returncodes[0], result_path, log, ended.reason)
+
+
 @dataclass(frozen=True)
 class RankLaunch:
     """One rank's command line, environment (None: this process's) and log file."""

@@ -82,8 +82,6 @@ def build_model(setting: Setting, device: str):
     if lora:
         from peft import LoraConfig, get_peft_model
 
-        if arch.resolve_lora_targets(setting.lora_targets) == arch.all_linear_targets():
-            lora["target_modules"] = "all-linear"  # as users write it; PEFT adds fused experts itself
         model = get_peft_model(model, LoraConfig(**lora))
         if setting.gradient_checkpointing:
             model.enable_input_require_grads()
@@ -238,7 +236,7 @@ def training_arguments(setting: Setting, micro_batch: int, steps: int, device: s
     from transformers import TrainingArguments
 
     return TrainingArguments(
-        **current_names(recipe.trainer_arguments(setting), TrainingArguments),
+        **recipe.current_names(recipe.trainer_arguments(setting), TrainingArguments),
         output_dir=output_dir,
         per_device_train_batch_size=micro_batch,
         gradient_accumulation_steps=1,
@@ -253,19 +251,6 @@ def training_arguments(setting: Setting, micro_batch: int, steps: int, device: s
         dataloader_num_workers=0,
         remove_unused_columns=False,
     )
-
-
-def current_names(kwargs: dict, arguments_class) -> dict:
-    """The checkpointing keys under the installed transformers' names (activation_checkpointing in newer 5.x)."""
-    import inspect
-
-    known = inspect.signature(arguments_class).parameters
-    renamed = dict(kwargs)
-    for old, new in (("gradient_checkpointing", "activation_checkpointing"),
-                     ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
-        if old in renamed and new in known:
-            renamed[new] = renamed.pop(old)
-    return renamed
 
 
 def ordered_trainer():

@@ -33,6 +33,7 @@ SUBCOMMANDS = {
     "predict": "ftplan.cli.commands.predict:command",
     "plan": "ftplan.cli.commands.plan:command",
     "eta": "ftplan.cli.commands.eta:command",
+    "rehearse": "ftplan.cli.commands.rehearse:command",
     "report": "ftplan.cli.commands.report:command",
     "gpus": "ftplan.cli.commands.gpus:command",
 }

@@ -34,6 +34,22 @@ def trainer_arguments(setting: Setting) -> dict:
     return args
 
 
+def current_names(kwargs: dict, arguments_class) -> dict:
+    """The checkpointing keys under the installed transformers' names (activation_checkpointing in newer 5.x).
+
+    Self-contained: training_args.py carries this function's source, so the user's run renames as the trial does.
+    """
+    import inspect
+
+    known = inspect.signature(arguments_class).parameters
+    renamed = dict(kwargs)
+    for old, new in (("gradient_checkpointing", "activation_checkpointing"),
+                     ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
+        if old in renamed and new in known:
+            renamed[new] = renamed.pop(old)
+    return renamed
+
+
 def collator_arguments(setting: Setting, length: int) -> dict:
     """DataCollatorForSeq2Seq's keyword arguments for the recipe's padding, at the planned padded length."""
     args: dict = {"padding": COLLATOR_PADDING.get(setting.padding, "longest")}
@@ -56,11 +72,29 @@ def model_arguments(setting: Setting) -> dict:
 
 
 def lora_arguments(setting: Setting) -> dict | None:
-    """peft.LoraConfig keywords, or None for full fine-tuning."""
+    """peft.LoraConfig keywords, or None for full fine-tuning; every linear of the decoder is written
+    "all-linear", as users write it (PEFT then adds an MoE's fused experts itself)."""
     if not setting.lora_rank:
         return None
-    return {"r": setting.lora_rank, "lora_alpha": 2 * setting.lora_rank, "target_modules": list(setting.lora_targets),
-            "task_type": "CAUSAL_LM"}
+    from ftplan.core.architecture import load_architecture
+
+    arch = load_architecture(setting.model)
+    every = arch.resolve_lora_targets(setting.lora_targets) == arch.all_linear_targets()
+    return {"r": setting.lora_rank, "lora_alpha": 2 * setting.lora_rank,
+            "target_modules": "all-linear" if every else list(setting.lora_targets), "task_type": "CAUSAL_LM"}
+
+
+def quantization_arguments(setting: Setting) -> dict | None:
+    """transformers.BitsAndBytesConfig keywords of a QLoRA base (NF4, double quantization), or None.
+
+    The trial quantizes its random-weight layers in place to the same Linear4bit (trial.quantize_to_nf4):
+    from_config takes no quantization_config.
+    """
+    if setting.quantization != "nf4":
+        return None
+    compute = "float16" if setting.precision == "fp16" else "bfloat16"
+    return {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+            "bnb_4bit_compute_dtype": compute}
 
 
 def differences(emitted: Setting, calibrated: Setting) -> list[str]:

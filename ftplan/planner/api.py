@@ -125,8 +125,8 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
                           f"per step; use --gpus up to {int(dataset_size * epochs):,}")
     if dataset is not None and len(counts) > 1:
         raise FtplanError("--dataset plans one GPU count at a time; give --gpus N")
-    # Without a dataset the shipped records' recipe (rows of seq_len, no mask); a dataset's batching sets its own.
-    padding = STRATEGY_PADDING[(dataset_options or DatasetOptions()).strategy] if dataset is not None else "none"
+    # Without a dataset samples padded to seq_len with a mask (the collator --emit writes); a dataset's batching sets its own.
+    padding = STRATEGY_PADDING[(dataset_options or DatasetOptions()).strategy] if dataset is not None else "max_length"
     base = Setting(model=model, seq_len=seq_len, padding=padding, attention=attention,
                    alloc_conf=alloc_conf)
     catalog = load_catalog(Path(gpu_specs) if gpu_specs else None)

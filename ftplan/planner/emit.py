@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import secrets
 import stat
 from collections.abc import Sequence
@@ -37,9 +38,10 @@ DS_CONFIG = "ds_config.json"
 TRAINING_ARGS = "training_args.json"
 TRAINING_ARGS_PY = "training_args.py"
 README = "README.txt"
-OWN_FILES = (DS_CONFIG, TRAINING_ARGS, TRAINING_ARGS_PY, README)  # all ftplan ever writes into an emit folder
+PLAN_JSON = "plan.json"  # the plan in numbers, for `ftplan rehearse`: recipe, batching, predictions, budget
+OWN_FILES = (DS_CONFIG, TRAINING_ARGS, TRAINING_ARGS_PY, README, PLAN_JSON)  # all ftplan ever writes into an emit folder
 MANIFEST = ".ftplan-manifest.json"  # what ftplan wrote there and its digest: all --force may replace
-MAX_OWN_FILE_BYTES = 2**20
+MAX_OWN_FILE_BYTES = 2**26  # plan.json holds a dataset's token lengths
 OUTPUT_DIR = "output"
 
 
@@ -136,14 +138,10 @@ def readme(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch, plan_war
                   "    model = AutoLigerKernelForCausalLM.from_pretrained(MODEL)"]
     if plan_warnings:  # the folder travels without the terminal that showed them
         lines += ["", "WARNINGS from the plan:", *(f"  - {w}" for w in plan_warnings)]
-    if setting.lora_rank:
-        targets = ", ".join(repr(t) for t in setting.lora_targets)
-        lines += ["", "LoRA (PEFT) on the model before building the Trainer:",
-                  "    from peft import LoraConfig, get_peft_model",
-                  f"    model = get_peft_model(model, LoraConfig(r={setting.lora_rank}, lora_alpha={2 * setting.lora_rank}, "
-                  f"target_modules=[{targets}], task_type='CAUSAL_LM'))"]
-        if setting.gradient_checkpointing:
-            lines.append("    model.enable_input_require_grads()  # checkpointing with a frozen base")
+    lines += ["", "Load the model as planned (its dtype, attention implementation, QLoRA's 4-bit base and the LoRA",
+              "adapters change memory and speed; training_args.py holds them):",
+              "    from training_args import model_kwargs, prepare_model",
+              "    model = prepare_model(AutoModelForCausalLM.from_pretrained(MODEL, **model_kwargs()))"]
     return "\n".join(lines) + "\n"
 
 
@@ -162,7 +160,8 @@ def write_configs(directory: Path, setup: SetupPlan, request: PlanRequest, force
     directory = Path(directory)
     if directory.is_symlink():
         raise FtplanError(f"{directory} is a symlink; emit into a real folder")
-    files = _file_texts(setup, request, planned_batch(setup, request, dataset), plan_warnings)
+    lengths = dataset.limited.lengths.tolist() if dataset is not None else None
+    files = _file_texts(setup, request, planned_batch(setup, request, dataset), plan_warnings, lengths)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # the folder checked is the one written
@@ -178,7 +177,7 @@ def write_configs(directory: Path, setup: SetupPlan, request: PlanRequest, force
 
 
 def _file_texts(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch,
-                plan_warnings: Sequence[str] = ()) -> dict[str, str]:
+                plan_warnings: Sequence[str] = (), lengths: list[int] | None = None) -> dict[str, str]:
     """Every file of the plan by name; paths inside are relative to the folder, so it can be copied as a whole."""
     ds = ds_config(setup.setting, batch.micro_batch, batch.accumulation)
     args = training_args(setup.setting, batch.micro_batch, request.epochs, OUTPUT_DIR, DS_CONFIG if ds else None,
@@ -186,7 +185,73 @@ def _file_texts(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch,
     texts = {DS_CONFIG: json.dumps(ds, indent=2) + "\n"} if ds else {}
     return {**texts, TRAINING_ARGS: json.dumps(args, indent=2) + "\n",
             TRAINING_ARGS_PY: training_args_py(args, batch, headline(setup, request)),
-            README: readme(setup, request, batch, plan_warnings)}
+            README: readme(setup, request, batch, plan_warnings),
+            PLAN_JSON: plan_json(plan_numbers(setup, request, batch, lengths))}
+
+
+def plan_json(numbers: dict) -> str:
+    """plan.json's text: indented, but the token lengths on one line (a dataset has many)."""
+    text = json.dumps({**numbers, "lengths": None}, indent=1)
+    return text.replace('"lengths": null', f'"lengths": {json.dumps(numbers["lengths"], separators=(",", ":"))}') + "\n"
+
+
+def plan_numbers(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch, lengths: list[int] | None) -> dict:
+    """What `ftplan rehearse` needs to run the folder and judge the run: the recipe, the batching, the dataset's
+    token lengths after the limit (None: samples padded to the planned length), the predictions and the budget."""
+    best = setup.best
+    return {"written_by": "ftplan plan --emit", "setting": setup.setting.to_dict(),
+            "micro_batch": batch.micro_batch, "accumulation": batch.accumulation, "strategy": batch.strategy,
+            "length": batch.length, "gpu": request.gpu.name, "usable_bytes": request.budget.usable_bytes,
+            "safety_margin": request.budget.margin,
+            "predicted": {"evidence": best.evidence, "peak_allocated_bytes": best.peak_allocated.mean,
+                          "peak_allocated_upper_bytes": best.peak_allocated.upper,
+                          "peak_reserved_bytes": best.peak_reserved.mean,
+                          "peak_reserved_upper_bytes": best.peak_reserved.upper,
+                          "seconds_per_step": setup.eta.seconds_per_step, "steps": setup.eta.steps},
+            "limit": batch.limit, "too_long": batch.too_long, "headline": headline(setup, request),
+            "rehearsals": [], "lengths": lengths}
+
+
+def rewrite_rehearsed(directory: Path, micro_batch: int, accumulation: int, rehearsal: dict, note: str) -> None:
+    """After a rehearsal: the folder at this batch split (the global batch kept), the rehearsal added to
+    plan.json and its note to README.txt. Only files ftplan wrote and nobody edited are rewritten."""
+    directory = Path(directory)
+    numbers = json.loads((directory / PLAN_JSON).read_text())
+    setting = Setting.from_dict(numbers["setting"])
+    args = {**json.loads((directory / TRAINING_ARGS).read_text()), "per_device_train_batch_size": micro_batch,
+            "gradient_accumulation_steps": accumulation}
+    batch = PlannedBatch(micro_batch, accumulation, numbers["strategy"], numbers["length"], numbers["limit"],
+                         numbers["too_long"], numbers["lengths"] is not None, setting.alloc_conf, setting)
+    numbers = {**numbers, "micro_batch": micro_batch, "accumulation": accumulation,
+               "rehearsals": [*numbers["rehearsals"], rehearsal]}
+    readme_text = re.sub(r"micro-batch \d+ x gradient accumulation \d+ per GPU",
+                         f"micro-batch {micro_batch} x gradient accumulation {accumulation} per GPU",
+                         (directory / README).read_text(), count=1)
+    files = {TRAINING_ARGS: json.dumps(args, indent=2) + "\n",
+             TRAINING_ARGS_PY: training_args_py(args, batch, numbers["headline"]),
+             README: readme_text.rstrip("\n") + f"\n\n{note}\n", PLAN_JSON: plan_json(numbers)}
+    ds = ds_config(setting, micro_batch, accumulation)
+    if ds:
+        files[DS_CONFIG] = json.dumps(ds, indent=2) + "\n"
+    folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        ours = _replaceable(folder, directory, set(files), force=True)
+        _stage_and_rename(folder, {**files, MANIFEST: _manifest({**_read_manifest_texts(folder, ours), **files})},
+                          stale=set())
+    except OSError as exc:
+        raise FtplanError(f"cannot rewrite {directory}: {exc.strerror or exc}; the folder is left as it was") from None
+    finally:
+        os.close(folder)
+
+
+def _read_manifest_texts(folder: int, names: set[str]) -> dict[str, str]:
+    """The current text of ftplan's own files, so a rewrite's manifest lists those it left alone too."""
+    texts = {}
+    for name in names:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=folder)
+        with os.fdopen(fd, encoding="utf-8") as file:
+            texts[name] = file.read()
+    return texts
 
 
 def _replaceable(folder: int, directory: Path, names: set[str], force: bool) -> set[str]:

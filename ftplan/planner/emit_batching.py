@@ -10,6 +10,7 @@ the packing ftplan.models.batching.pack_rows models.
 
 from __future__ import annotations
 
+import inspect
 import pprint
 import textwrap
 from dataclasses import dataclass
@@ -147,11 +148,55 @@ def training_args_py(kwargs: dict, batch: PlannedBatch, headline: str) -> str:
     if packing:
         lines += ["    from trl import SFTConfig  # packing is TRL's (pip install trl)",
                   "",
-                  f'    return SFTConfig(**kwargs, max_length={batch.length}, packing=True, packing_strategy="bfd")']
+                  f'    return SFTConfig(**current_names(kwargs, SFTConfig), max_length={batch.length}, packing=True, '
+                  'packing_strategy="bfd")']
     else:
-        lines += ["    return TrainingArguments(**kwargs)"]
+        lines += ["    return TrainingArguments(**current_names(kwargs, TrainingArguments))"]
+    lines += ["", "", *inspect.getsource(recipe.current_names).rstrip().splitlines()]
     lines += ["", "", "def data_collator(tokenizer):",
               '    """The collator of the planned batching: the padded shape the planned memory rests on."""',
               *(f"    # {line}" for line in textwrap.wrap(f"{why}.", 100)),
-              f"    return {collator}", ""]
+              f"    return {collator}", "", *model_lines(batch.setting)]
     return "\n".join(lines)
+
+
+def model_lines(setting: Setting) -> list[str]:
+    """model_kwargs() and prepare_model(model): the model loaded and adapted as the calibration trial loads it
+    (ftplan.core.recipe), since its dtype, attention implementation and adapters change memory and speed."""
+    quantization = recipe.quantization_arguments(setting)
+    return [
+        "",
+        f"MODEL_KWARGS = {recipe.model_arguments(setting)!r}",
+        f"QUANTIZATION = {quantization!r}  # transformers.BitsAndBytesConfig keywords (QLoRA's 4-bit base), or None",
+        f"LORA = {recipe.lora_arguments(setting)!r}  # peft.LoraConfig keywords, or None",
+        "",
+        "",
+        "def model_kwargs():",
+        '    """from_pretrained keywords: AutoModelForCausalLM.from_pretrained(MODEL, **model_kwargs())."""',
+        "    import torch",
+        "",
+        '    kwargs = {**MODEL_KWARGS, "dtype": getattr(torch, MODEL_KWARGS["dtype"])}',
+        "    if QUANTIZATION:",
+        "        from transformers import BitsAndBytesConfig",
+        "",
+        '        compute = getattr(torch, QUANTIZATION["bnb_4bit_compute_dtype"])',
+        '        kwargs["quantization_config"] = BitsAndBytesConfig(**{**QUANTIZATION, "bnb_4bit_compute_dtype": compute})',
+        "    return kwargs",
+        "",
+        "",
+        "def prepare_model(model):",
+        '    """The planned adapters on the loaded model (QLoRA\'s k-bit preparation, PEFT LoRA), no KV cache."""',
+        "    model.config.use_cache = False",
+        "    if QUANTIZATION:",
+        "        from peft import prepare_model_for_kbit_training",
+        "",
+        f"        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing={setting.gradient_checkpointing},",
+        '                                                gradient_checkpointing_kwargs={"use_reentrant": False})',
+        "    if LORA:",
+        "        from peft import LoraConfig, get_peft_model",
+        "",
+        "        model = get_peft_model(model, LoraConfig(**LORA))",
+        *(["        model.enable_input_require_grads()  # checkpointing through a frozen base"]
+          if setting.gradient_checkpointing else []),
+        "    return model",
+        ""]

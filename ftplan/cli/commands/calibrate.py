@@ -113,7 +113,7 @@ def _switch(value: str) -> tuple[bool, ...]:
 @click.option("--alloc-conf", envvar="PYTORCH_CUDA_ALLOC_CONF", default="", show_default=False,
               help="PYTORCH_CUDA_ALLOC_CONF for the trials (part of the setting).  [default: $PYTORCH_CUDA_ALLOC_CONF]")
 @click.option("--padding", "paddings", type=click.Choice(CALIBRATED_PADDINGS), multiple=True,
-              default=("none",), show_default=True,
+              default=("max_length",), show_default=True,
               help="The collator's padding, as the emitted config's (`plan` without --dataset: max_length; "
                    "--batching dynamic/group: longest): padded batches carry a mask, which sends SDPA down its masked "
                    "path (K/V expanded to every query head); none: rows of exactly --seq-len, no mask. Repeatable.")

@@ -62,7 +62,7 @@ SETTING_OPTIONS = (
     click.option("--quantization", type=click.Choice(["", "nf4"]), default="", show_default=True,
                  help="nf4: QLoRA, LoRA on a 4-bit NormalFloat base with double quantization (needs --lora-rank)."),
     click.option("--alloc-conf", default="", help="PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True."),
-    click.option("--padding", type=click.Choice(PADDINGS), default="none", show_default=True,
+    click.option("--padding", type=click.Choice(PADDINGS), default="max_length", show_default=True,
                  help="How the collator shapes batches: max_length/longest pad with a mask (SDPA's masked path), "
                       "none is rows of exactly --seq-len with no mask, packed is flattened rows."),
     click.option("--attention", type=click.Choice(ATTENTIONS), default="sdpa", show_default=True,

@@ -24,7 +24,7 @@ from ftplan.cli.render import (
     print_plan,
     print_scaling,
 )
-from ftplan.core.errors import EXIT_DOES_NOT_FIT, DoesNotFit
+from ftplan.core.errors import EXIT_DOES_NOT_FIT, DoesNotFit, FtplanError
 from ftplan.core.settings import PRECISIONS
 from ftplan.models.batching import STRATEGIES
 from ftplan.models.scaling import DEFAULT_GPUS_PER_NODE
@@ -90,6 +90,9 @@ host_memory_option = click.option(
 @click.option("--global-batch", type=click.IntRange(min=1), default=None,
               help="With --dataset: samples (packed rows) per optimizer step; the plan splits it into micro-batch × "
                    "gradient accumulation × GPUs.")
+@click.option("--emit-setup", default=None, metavar="LABEL",
+              help="With --emit: write this ranked setup (its label as the table prints it, e.g. 'ddp lora16 s2048') "
+                   "instead of the recommendation.")
 def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name: str, gpu_specs: Path | None,
             gpus: str, gpus_per_node: int, step_time_cv: float | None, intra_node_bandwidth: str | None,
             inter_node_bandwidth: str | None, price_per_hour: float | None, max_hours: float | None, by: str, training: str,
@@ -98,7 +101,7 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
             emit: Path | None, force: bool, dataset: Path | None = None, text_field: str | None = None,
             ids_field: str | None = None, tokenizer: Path | None = None, chars_per_token: float | None = None,
             too_long: str = "truncate", batching_strategy: str = "dynamic", pack_length: int | None = None,
-            global_batch: int | None = None, allow: tuple[str, ...] = ()) -> None:
+            global_batch: int | None = None, allow: tuple[str, ...] = (), emit_setup: str | None = None) -> None:
     """Which setup finishes fastest (or cheapest) on this GPU, with its largest safe batch, ETA and cost;
     with several GPU counts, how full and LoRA fine-tuning scale and which count to use."""
     if dataset is None and dataset_size is None:
@@ -138,13 +141,26 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
         for note in result.dataset_plan.notes if result.dataset_plan else ():
             console.print(f"note: {note}")
     if emit is not None:
-        if plan is None or plan.recommended is None:
-            raise DoesNotFit("nothing to emit: no setup was recommended")
+        chosen = _emitted_setup(plan, emit_setup)
         from ftplan.planner.emit import README, write_configs
-        written = write_configs(emit, plan.recommended, plan.request, force, result.dataset_plan,
+        written = write_configs(emit, chosen, plan.request, force, result.dataset_plan,
                                 [*advice.warnings_for(plan), *(str(w.message) for w in caught)])
         click.echo(f"wrote {', '.join(str(p) for p in written)}", err=as_json)
         click.echo(f"use them: `from training_args import training_arguments, data_collator` in train.py "
                    f"(how: {emit / README})", err=as_json)
     if plan is not None and plan.recommended is None:  # all too slow for --max-hours, or of the wrong kind
         raise click.exceptions.Exit(EXIT_DOES_NOT_FIT)
+
+
+def _emitted_setup(plan, label: str | None):
+    """The setup --emit writes: the recommendation, or the ranked setup of the --emit-setup label."""
+    if plan is None or (label is None and plan.recommended is None):
+        raise DoesNotFit("nothing to emit: no setup was recommended")
+    if label is None:
+        return plan.recommended
+    chosen = next((s for s in plan.ranked if s.label == label), None)
+    if chosen is None:
+        raise FtplanError(f"--emit-setup {label!r} is not a ranked setup of this plan; ranked: "
+                          f"{', '.join(repr(s.label) for s in plan.ranked) or 'none'}")
+    return chosen
+

@@ -1,0 +1,112 @@
+"""The end-to-end benchmark of issue 24: emitted configs, run as the user runs them, against the plan.
+
+    python benchmarks/gpu/emitted_runs.py prepare WORK     # on any machine: dataset, tokenizer, plans, --emit
+    bash benchmarks/gpu/emitted_runs.sh WORK               # on the GPU: `ftplan rehearse` of every folder
+    python benchmarks/gpu/emitted_runs.py report WORK RECORDS.jsonl
+
+The dataset is real text that ships offline: Python source files of the installed packages (a code
+fine-tuning corpus, long-tailed lengths), tokenized by a byte-level BPE trained on it (tokenizer.json).
+Each case is a `ftplan plan ... --emit` folder; `ftplan rehearse --no-lower` runs it unchanged (the folder's
+training_args.py: arguments, collator, model loading) for 20 steps, the dataset's heaviest batches first, and
+the report compares peak memory and step time with the plan's prediction.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+SAMPLES = 2400
+MAX_CHARS = 200_000  # a file longer is a data table, not a sample
+GIB = 2**30
+# (name, model, plan options, --emit-setup label or None for the recommendation)
+CASES = [
+    ("qwen05-full-pad", "qwen2.5-0.5b", ["--full", "--precision", "bf16"], "ddp full s2048 padded"),
+    ("qwen05-liger-dyn", "qwen2.5-0.5b", ["--full", "--dataset", "D", "--tokenizer", "T", "--seq-len", "2048"], "ddp liger full s2048 dynpad"),
+    ("llama1b-full-dyn", "llama-3.2-1b", ["--full", "--dataset", "D", "--tokenizer", "T", "--seq-len", "2048"], "ddp full s2048 dynpad"),
+    ("llama1b-offload-pad", "llama-3.2-1b", ["--full"], "zero2+offload full s2048 padded"),
+    ("llama8b-lora-pad", "llama-3-8b", ["--lora"], "ddp lora16 s2048 padded"),
+    ("llama8b-liger-lora-dyn", "llama-3-8b", ["--lora", "--dataset", "D", "--tokenizer", "T", "--seq-len", "2048"], None),
+    ("qwen15-full-pad", "qwen1.5-0.5b", ["--full", "--dataset", "D", "--tokenizer", "T", "--seq-len", "2048", "--batching", "pad"],
+     "ddp full s2048 padded"),
+    ("qwen3-full-pad", "qwen3-1.7b", ["--full", "--precision", "bf16"], "ddp full s2048 padded"),
+    ("gemma3-lora-pad", "gemma-3-1b", ["--lora"], "ddp lora16 s2048 padded"),
+]
+
+
+def corpus() -> list[str]:
+    """Every SAMPLES-th share of the installed packages' Python sources, in a fixed order."""
+    files = sorted(Path(sysconfig.get_paths()["purelib"]).rglob("*.py"))
+    texts = [t for t in (f.read_text(errors="replace") for f in files) if 20 < len(t) < MAX_CHARS]
+    step = max(1, len(texts) // SAMPLES)
+    return texts[::step][:SAMPLES]
+
+
+def prepare(work: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    work.mkdir(parents=True, exist_ok=True)
+    texts = corpus()
+    dataset, tokenizer_path = work / "code.jsonl", work / "tokenizer.json"
+    dataset.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel()
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=16000, show_progress=False))
+    tokenizer.save(str(tokenizer_path))
+    lengths = sorted(len(e.ids) for e in tokenizer.encode_batch(texts))
+    print(f"dataset: {len(texts)} source files, p50 {lengths[len(lengths) // 2]}, "
+          f"p99 {lengths[int(len(lengths) * 0.99)]}, max {lengths[-1]} tokens")
+    for name, model, options, label in CASES:
+        options = [str(dataset) if o == "D" else str(tokenizer_path) if o == "T" else o for o in options]
+        command = [sys.executable, "-m", "ftplan", "plan", "--model", model, "--gpu", "H200", *options,
+                   *([] if "--dataset" in options else ["--dataset-size", str(len(texts))]),
+                   "--emit", str(work / name), "--force", *(["--emit-setup", label] if label else [])]
+        done = subprocess.run(command, capture_output=True, text=True)
+        print(f"{name}: {'ok' if done.returncode == 0 else done.stderr.strip().splitlines()[-1]}")
+
+
+def report(work: Path, records: Path) -> None:
+    rows = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+    print(f"{'case':24} {'batch':>5} {'evidence':>14} {'outcome':>8} {'alloc GiB':>10} {'pred':>7} {'err':>6} "
+          f"{'resv GiB':>9} {'pred':>7} {'s/step':>7} {'ETA s':>6} {'err':>6}")
+    errors = []
+    for name, *_ in CASES:
+        plan_path = work / name / "plan.json"
+        if not plan_path.exists():
+            continue
+        plan = json.loads(plan_path.read_text())
+        digest_rows = [r for r in rows if r.get("emit_dir") == name] or \
+            [r for r in rows if r.get("setting_key") == _key(plan) and r.get("micro_batch") == plan["micro_batch"]]
+        if not digest_rows:
+            print(f"{name:24} {plan['micro_batch']:5d} {plan['predicted']['evidence']:>14} {'not run':>8}")
+            continue
+        run, predicted = digest_rows[-1], plan["predicted"]
+        alloc, resv = run.get("peak_allocated_bytes") or 0, run.get("peak_reserved_bytes") or 0
+        mixed = (run.get("step_seconds") or [])[run.get("heavy_steps", 0):]
+        step = statistics.median(mixed) if mixed else float("nan")
+        a_err = alloc / predicted["peak_allocated_bytes"] - 1
+        t_err = step / predicted["seconds_per_step"] - 1
+        errors.append((a_err, t_err))
+        print(f"{name:24} {run['micro_batch']:5d} {predicted['evidence']:>14} {run['status']:>8} {alloc / GIB:10.2f} "
+              f"{predicted['peak_allocated_bytes'] / GIB:7.2f} {a_err:+6.1%} {resv / GIB:9.2f} "
+              f"{predicted['peak_reserved_bytes'] / GIB:7.2f} {step:7.3f} {predicted['seconds_per_step']:6.3f} "
+              f"{t_err:+6.1%}")
+    if errors:
+        print(f"{len(errors)} runs, {sum(1 for r in rows if r['status'] == 'oom')} OOM; median |alloc err| "
+              f"{statistics.median(abs(a) for a, _ in errors):.1%}, median |step err| "
+              f"{statistics.median(abs(t) for _, t in errors):.1%}")
+
+
+def _key(plan: dict) -> str:
+    from ftplan.core.settings import Setting
+
+    return Setting.from_dict(plan["setting"]).key()
+
+
+if __name__ == "__main__":
+    {"prepare": lambda: prepare(Path(sys.argv[2])),
+     "report": lambda: report(Path(sys.argv[2]), Path(sys.argv[3]))}[sys.argv[1]]()

@@ -1,0 +1,48 @@
+"""`ftplan rehearse DIR`: run the folder `plan --emit` wrote on this machine's GPU, and lower its batch until safe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ftplan.core.errors import EXIT_DOES_NOT_FIT
+from ftplan.core.units import GIB
+from ftplan.planner.inputs import USER_CALIBRATIONS
+from ftplan.planner.rehearse import read_plan, rehearsal_seconds, rehearse_folder
+from ftplan.store.records import append_record
+
+REHEARSALS_FILE = "rehearsals.jsonl"
+
+
+@click.command("rehearse")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--steps", type=click.IntRange(min=3, max=1000), default=20, show_default=True,
+              help="Optimizer steps per run: the dataset's heaviest batches first, then a random mix.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help=f"Where the rehearsal records go.  [default: ./calibrations/{REHEARSALS_FILE}]")
+@click.option("--lower/--no-lower", default=True, show_default=True,
+              help="When a run runs out of memory or reserves more than the plan's budget, lower the micro-batch "
+                   "(raising gradient accumulation to keep the global batch), rewrite the folder and run again.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=900.0, show_default=True,
+              help="Seconds one run may take before it is ended.")
+@click.option("--dry-run", is_flag=True, help="Print what would run and its GPU time; run nothing.")
+def command(directory: Path, steps: int, out: Path | None, lower: bool, timeout: float, dry_run: bool) -> None:
+    """Run what `ftplan plan --emit DIRECTORY` wrote, unchanged, for a few steps on the dataset's heaviest
+    batches; a batch that ran inside the plan's budget is verified, one that did not is lowered."""
+    numbers = read_plan(directory)
+    estimate = rehearsal_seconds(numbers, steps)
+    click.echo(f"{numbers['headline']}: micro-batch {numbers['micro_batch']} x accumulation "
+               f"{numbers['accumulation']}, predicted {numbers['predicted']['peak_reserved_bytes'] / GIB:.2f} GiB "
+               f"reserved ({numbers['predicted']['evidence']}), about {estimate / 60:.1f} GPU-minutes a run")
+    if dry_run:
+        return
+    out = out or USER_CALIBRATIONS / REHEARSALS_FILE
+    runs = rehearse_folder(directory, steps, timeout, lower, out.parent / "logs",
+                           on_record=lambda record: append_record(out, record), progress=click.echo)
+    last = runs[-1]
+    click.echo(f"{'verified' if last.safe else 'NOT verified'}: micro-batch {last.micro_batch} x accumulation "
+               f"{last.accumulation} ({len(runs)} run{'s' if len(runs) > 1 else ''}; records in {out}; "
+               f"{directory} {'rewritten' if len(runs) > 1 else 'notes the result'})")
+    if not last.safe:
+        raise click.exceptions.Exit(EXIT_DOES_NOT_FIT)
