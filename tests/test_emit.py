@@ -57,7 +57,7 @@ def test_plain_lora_setup_needs_no_deepspeed_and_its_readme_has_the_peft_lines(t
     kwargs, args = _training_arguments(tmp_path)
     assert "deepspeed" not in kwargs and not args.gradient_checkpointing
     readme = (tmp_path / README).read_text()
-    assert "LoraConfig(r=16, lora_alpha=32" in readme and "get_peft_model" in readme
+    assert "prepare_model" in readme and "get_peft_model" in (tmp_path / "training_args.py").read_text()
 
 
 def test_plan_emit_writes_the_recommended_setup(tmp_path, capsys, monkeypatch):

@@ -1,7 +1,7 @@
 """The end-to-end benchmark of issue 24: emitted configs, run as the user runs them, against the plan.
 
     python benchmarks/gpu/emitted_runs.py prepare WORK     # on any machine: dataset, tokenizer, plans, --emit
-    bash benchmarks/gpu/emitted_runs.sh WORK               # on the GPU: `ftplan rehearse` of every folder
+    bash benchmarks/gpu/emitted_runs.sh WORK CASE[@B] ...  # on the GPU: `ftplan rehearse` of each (@B: at batch B)
     python benchmarks/gpu/emitted_runs.py report WORK RECORDS.jsonl
 
 The dataset is real text that ships offline: Python source files of the installed packages (a code
@@ -79,8 +79,7 @@ def report(work: Path, records: Path) -> None:
         if not plan_path.exists():
             continue
         plan = json.loads(plan_path.read_text())
-        digest_rows = [r for r in rows if r.get("emit_dir") == name] or \
-            [r for r in rows if r.get("setting_key") == _key(plan) and r.get("micro_batch") == plan["micro_batch"]]
+        digest_rows = [r for r in rows if r.get("emit_dir") == name]
         if not digest_rows:
             print(f"{name:24} {plan['micro_batch']:5d} {plan['predicted']['evidence']:>14} {'not run':>8}")
             continue
@@ -95,18 +94,37 @@ def report(work: Path, records: Path) -> None:
               f"{predicted['peak_allocated_bytes'] / GIB:7.2f} {a_err:+6.1%} {resv / GIB:9.2f} "
               f"{predicted['peak_reserved_bytes'] / GIB:7.2f} {step:7.3f} {predicted['seconds_per_step']:6.3f} "
               f"{t_err:+6.1%}")
+    probes = [r for r in rows if "@" in str(r.get("emit_dir", ""))]
+    if probes:
+        print("\nthe same folders at a larger micro-batch (largest safe: reserved within the plan's usable memory):")
+    for run in probes:
+        name = run["emit_dir"].split("@")[0]
+        plan = json.loads((work / name / "plan.json").read_text())
+        usable, reserved = plan["usable_bytes"], run.get("peak_reserved_bytes") or 0
+        safe = run["status"] == "ok" and reserved <= usable
+        print(f"{name:24} planned {plan['micro_batch']:3d}, at {run['micro_batch']:3d}: {run['status']}, "
+              f"{reserved / GIB:.2f} GiB reserved of {usable / GIB:.2f} usable: "
+              f"{'safe, so planned/largest <= ' + format(plan['micro_batch'] / run['micro_batch'], '.0%') if safe else 'over: the planned batch is the largest safe one'}")
     if errors:
-        print(f"{len(errors)} runs, {sum(1 for r in rows if r['status'] == 'oom')} OOM; median |alloc err| "
+        print(f"{len(errors)} runs, {sum(1 for r in rows if r['status'] == 'oom' and '@' not in str(r.get('emit_dir')))} OOM; median |alloc err| "
               f"{statistics.median(abs(a) for a, _ in errors):.1%}, median |step err| "
               f"{statistics.median(abs(t) for _, t in errors):.1%}")
 
 
-def _key(plan: dict) -> str:
-    from ftplan.core.settings import Setting
+def probe(work: Path, name: str, micro_batch: int) -> None:
+    """A copy of a case's folder at another micro-batch (WORK/NAME@B), to find the largest batch that runs in that
+    exact config: everything else, collator and allocator included, as emitted."""
+    import shutil
 
-    return Setting.from_dict(plan["setting"]).key()
+    from ftplan.planner.emit import rewrite_rehearsed
+
+    target = work / f"{name}@{micro_batch}"
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(work / name, target)
+    rewrite_rehearsed(target, micro_batch, 1, {"probe": micro_batch}, f"PROBE at micro-batch {micro_batch}")
 
 
 if __name__ == "__main__":
     {"prepare": lambda: prepare(Path(sys.argv[2])),
-     "report": lambda: report(Path(sys.argv[2]), Path(sys.argv[3]))}[sys.argv[1]]()
+     "report": lambda: report(Path(sys.argv[2]), Path(sys.argv[3])),
+     "probe": lambda: probe(Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]))}[sys.argv[1]]()

@@ -14,6 +14,7 @@ for name in "$@"; do
   left=$((budget - (SECONDS - start)))
   if [ "$left" -lt 60 ]; then echo "SKIPPED (budget): $name"; continue; fi
   echo "== $(date +%T) ${left}s left: $name"
+  case "$name" in *@*) python3 benchmarks/gpu/emitted_runs.py probe "$work" "${name%@*}" "${name#*@}" ;; esac
   timeout "$left" python3 -m ftplan rehearse "$work/$name" --no-lower --steps 20 --timeout $((left - 5)) \
     --out "$OUT/rehearsals.jsonl" 2>&1 | tail -n 6
   cp -r "$work/$name" "$OUT/emitted/"
