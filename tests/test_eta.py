@@ -39,7 +39,7 @@ def test_eta_command_reports_steps_time_cost_and_the_memory_verdict(tmp_path, ca
 
     external = write_external_jsonl(tmp_path / "external.jsonl")
     base = ["eta", "--model", "qwen1.5-0.5b", "--precision", "fp16", "--zero-stage", "3", "--dataset-size", 19692,
-            "--gpu", "RTX-3090", "--price-per-hour", 0.5, "--calibrations", external, "--json"]
+            "--gpu", "RTX-3090", "--price-per-hour", 0.5, "--calibrations", external, "--padding", "none", "--json"]
     code, out, err = run_ftplan([*base, "--batch-size", 2], capsys, monkeypatch)
     assert code == 0, err
     fits = json.loads(out)

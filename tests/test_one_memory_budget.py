@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import run_ftplan
 
-LIGER_QWEN = ["--model", "qwen2.5-0.5b", "--gpu", "H200", "--liger"]
+LIGER_QWEN = ["--model", "qwen2.5-0.5b", "--gpu", "H200", "--liger", "--padding", "none"]  # the unmasked ladder
 
 
 def _predict(batch: int, capsys, monkeypatch, *extra) -> dict:

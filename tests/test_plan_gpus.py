@@ -9,6 +9,7 @@ import pytest
 from tests.helpers import run_ftplan
 
 PLAN = ["plan", "--model", "llama-3-8b", "--dataset-size", 19692, "--gpu", "H200"]
+UNMASKED = ["--padding", "none"]  # the recipe of the 8B offload trials: rows of exactly seq_len
 
 
 def _json(args, capsys, monkeypatch) -> dict:
@@ -109,26 +110,27 @@ def test_user_calibrations_folder_is_read_by_default_and_training_runs_are_count
 
 
 def test_offload_rows_of_the_8b_model_say_its_offload_trial_failed_and_the_host_ram_it_needs(capsys, monkeypatch):
-    plan = _json([], capsys, monkeypatch)
+    plan = _json(UNMASKED, capsys, monkeypatch)
     setups = {s["label"]: s for s in plan["ranked"] + plan["cannot_fit"]}
     assert "host out of memory" in setups["zero2+offload full gc s2048"]["calibration_failed"]
     assert setups["zero2+offload full s2048"]["calibration_failed"] is None  # only the trial that ran failed
     assert setups["zero2+offload full s2048"]["host_gib_per_node"] > 125
     assert setups["ddp lora16 s2048"]["host_gib_per_node"] == 0
     assert any("125 GiB" in note and "OOM killer" in note for note in plan["unmeasured"])
-    code, out, _ = run_ftplan(PLAN, capsys, monkeypatch)
+    code, out, _ = run_ftplan([*PLAN, *UNMASKED], capsys, monkeypatch)
     assert "prior: trial failed" in out and "prior, unmeasured" in out and "host GiB" in out
 
 
 def test_host_memory_gib_leaves_out_8b_full_offload_with_the_reason(capsys, monkeypatch):
-    plan = _json(["--host-memory-gib", 125], capsys, monkeypatch)
+    plan = _json(["--host-memory-gib", 125, *UNMASKED], capsys, monkeypatch)
     short = {s["label"] for s in plan["cannot_fit"] if s["host_memory_short"]}
     assert short == {"zero2+offload full s2048", "zero2+offload full gc s2048", "zero2+offload liger full s2048",
                      "zero2+offload liger full gc s2048"}
     assert not any(s["setting"]["offload_optimizer"] and s["training"] == "full" for s in plan["ranked"])
     assert any(s["setting"]["offload_optimizer"] for s in plan["ranked"])  # LoRA offload needs little host RAM
     # in bf16 mixed precision (fp32 master weights) only offload would fit 8B full fine-tuning
-    code, out, _ = run_ftplan([*PLAN, "--host-memory-gib", 125, "--full", "--precision", "bf16"], capsys, monkeypatch)
+    code, out, _ = run_ftplan([*PLAN, *UNMASKED, "--host-memory-gib", 125, "--full", "--precision", "bf16"], capsys,
+                              monkeypatch)
     assert code == 3  # nothing fits: the "does not fit" exit status
     assert "zero2+offload full s2048 (needs 135.6 GiB of host RAM per node for offloaded optimizer states)" in out
     assert "you have 125 GiB per node" in out and "Recommendation:" not in out

@@ -12,7 +12,7 @@ from ftplan.core.settings import Setting
 
 PADDING_SIDE = "right"  # causal-LM training pads on the right: the loss ignores the padded tail (-100 labels)
 # The trial's and the emitted collator's padding argument per recipe padding (packed rows are flattened instead).
-# "none" plans (no dataset) emit max_length padding, whose mask the unmasked records do not measure: README says so.
+# "none": rows of exactly seq_len (run_clm-style chunks) pad nothing at max_length, so no mask reaches attention.
 COLLATOR_PADDING = {"max_length": "max_length", "longest": "longest", "none": "max_length"}
 
 

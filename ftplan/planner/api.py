@@ -39,6 +39,9 @@ from ftplan.planner.gpu_counts import ScalingPlan, plan_gpu_counts
 from ftplan.planner.inputs import Evidence, load_evidence
 from ftplan.planner.search import DEFAULT_LORA_RANKS, Plan, PlanRequest, SetupPlan, make_plan
 
+# Without a dataset: padded to seq_len with a mask (the default collator), or rows already exactly seq_len.
+NO_DATASET_PADDINGS = ("max_length", "none")
+
 
 @dataclass(frozen=True)
 class PlanResult:
@@ -98,11 +101,13 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
          dataset: Path | str | None = None, dataset_options: DatasetOptions | None = None,
          text_field: str | None = None, ids_field: str | None = None, tokenizer: Path | str | None = None,
          chars_per_token: float | None = None, allow: Sequence[str] = (), attention: str = "sdpa",
-         alloc_conf: str = "") -> PlanResult:
+         alloc_conf: str = "", padding: str = "max_length") -> PlanResult:
     """Every setup ranked for this run, as `ftplan plan` with the same options (gpus: a count, or '1..64').
 
-    The run's recipe: samples padded to seq_len with a padding mask (the collator --emit writes), or with a
-    dataset its batching's collator; attention and alloc_conf as the run will set them.
+    The run's recipe without a dataset: padding "max_length" pads samples to seq_len with a mask (the
+    collator --emit writes); "none" is rows already of exactly seq_len (run_clm-style chunks), which carry
+    no mask to attention. With a dataset its batching's collator decides; attention and alloc_conf as the
+    run will set them.
 
     With a dataset file, its own token lengths set the sample count, the longest batch (memory) and the
     tokens per step (time); dataset_options choose the batching (dynamic padding by default).
@@ -125,8 +130,12 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
                           f"per step; use --gpus up to {int(dataset_size * epochs):,}")
     if dataset is not None and len(counts) > 1:
         raise FtplanError("--dataset plans one GPU count at a time; give --gpus N")
-    # Without a dataset samples padded to seq_len with a mask (the collator --emit writes); a dataset's batching sets its own.
-    padding = STRATEGY_PADDING[(dataset_options or DatasetOptions()).strategy] if dataset is not None else "max_length"
+    if padding not in NO_DATASET_PADDINGS:
+        raise FtplanError(f"padding must be one of {', '.join(NO_DATASET_PADDINGS)}, got {padding!r}")
+    if dataset is not None and padding != "max_length":
+        raise FtplanError("with a dataset its batching sets the padding; leave padding out")
+    if dataset is not None:
+        padding = STRATEGY_PADDING[(dataset_options or DatasetOptions()).strategy]
     base = Setting(model=model, seq_len=seq_len, padding=padding, attention=attention,
                    alloc_conf=alloc_conf)
     catalog = load_catalog(Path(gpu_specs) if gpu_specs else None)

@@ -116,11 +116,11 @@ def readme(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch, plan_war
         lines.append("    transformers 4.x: group_by_length=True instead of train_sampling_strategy (training_args.py "
                      "picks the one your version takes)")
     if setting.padding == "none":
-        lines += ["    NOT MEASURED for this collator: the plan's calibrations fed rows of exactly seq_len with no padding",
-                  "    mask; padded batches carry one, which sends SDPA down its masked path (K/V expanded to every query",
-                  "    head, an additive mask per layer: GiBs more at large batches). Measure it first:",
-                  f"    ftplan calibrate --model {setting.model!r} --seq-len {setting.seq_len} --padding max_length",
-                  "    (plans with --dataset are made for their collator's padding and say 'measured' only for it)."]
+        lines += [f"    PLANNED FOR ROWS OF EXACTLY {setting.seq_len} TOKENS (chunked as run_clm's group_texts does): the",
+                  "    collator then pads nothing and no mask reaches attention, as in the calibration trials. A shorter",
+                  "    row is padded and masked, which sends SDPA down its masked path (K/V expanded to every query head,",
+                  "    an additive mask per layer: GiBs more at large batches) that this plan did not measure; for such",
+                  "    data plan with --padding max_length (the default) or --dataset."]
     if not batch.from_dataset:
         lines.append('    Dynamic padding (padding="longest") pads less, but on a GPU its changing shapes can make the '
                      "caching allocator reserve more; `ftplan plan --dataset` plans it.")

@@ -227,8 +227,9 @@ def plan_setup(predictor: Predictor, setting: Setting, request: PlanRequest) -> 
 def make_plan(predictor: Predictor, request: PlanRequest, extra: Iterable[Setting] = ()) -> Plan:
     """Search every setup and rank those that fit by total time (or cost), fastest first."""
     precisions = (request.precision,) if request.precision else DEFAULT_PRECISIONS
-    settings = enumerate_settings(request.base, request.lora_ranks,
-                                  [s for s in extra if request.precision in (None, s.precision)], precisions)
+    allowed = [s for s in extra if request.precision in (None, s.precision)
+               and (not s.quantization or "qlora" in request.allow)]  # a calibrated QLoRA is still opt-in
+    settings = enumerate_settings(request.base, request.lora_ranks, allowed, precisions)
     if "qlora" in request.allow:
         settings += [s.with_(quantization="nf4") for s in settings
                      if s.lora_rank and not s.uses_deepspeed and s.precision in ("bf16", "fp16")]

@@ -90,6 +90,10 @@ host_memory_option = click.option(
 @click.option("--global-batch", type=click.IntRange(min=1), default=None,
               help="With --dataset: samples (packed rows) per optimizer step; the plan splits it into micro-batch × "
                    "gradient accumulation × GPUs.")
+@click.option("--padding", type=click.Choice(api.NO_DATASET_PADDINGS), default="max_length", show_default=True,
+              help="Without --dataset: max_length pads every sample to --seq-len with a padding mask (SDPA's masked "
+                   "path); none: your rows are already exactly --seq-len tokens (chunked as run_clm's group_texts "
+                   "does), so no mask reaches attention.")
 @click.option("--emit-setup", default=None, metavar="LABEL",
               help="With --emit: write this ranked setup (its label as the table prints it, e.g. 'ddp lora16 s2048') "
                    "instead of the recommendation.")
@@ -101,12 +105,15 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
             emit: Path | None, force: bool, dataset: Path | None = None, text_field: str | None = None,
             ids_field: str | None = None, tokenizer: Path | None = None, chars_per_token: float | None = None,
             too_long: str = "truncate", batching_strategy: str = "dynamic", pack_length: int | None = None,
-            global_batch: int | None = None, allow: tuple[str, ...] = (), emit_setup: str | None = None) -> None:
+            global_batch: int | None = None, allow: tuple[str, ...] = (), emit_setup: str | None = None,
+            padding: str = "max_length") -> None:
     """Which setup finishes fastest (or cheapest) on this GPU, with its largest safe batch, ETA and cost;
     with several GPU counts, how full and LoRA fine-tuning scale and which count to use."""
     if dataset is None and dataset_size is None:
         raise click.UsageError("Missing option '--dataset-size' (or --dataset, to plan from its token lengths)")
     check_dataset_options(click.get_current_context().params)
+    if dataset is not None and padding != "max_length":
+        raise click.UsageError("--padding is for plans without --dataset; with one, --batching sets the padding")
     seq_len_given = click.get_current_context().get_parameter_source("seq_len") != ParameterSource.DEFAULT
     options = DatasetOptions(batching_strategy, pack_length or (seq_len if batching_strategy == "pack" else None),
                              seq_len if seq_len_given else None, too_long, global_batch)
@@ -119,7 +126,7 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
                               safety_margin=safety_margin, context_reserve_gib=context_reserve_gib,
                               host_memory_gib=host_memory_gib, calibrations=calibrations, gpu_specs=gpu_specs,
                               dataset=dataset, dataset_options=options, text_field=text_field, ids_field=ids_field,
-                              tokenizer=tokenizer, chars_per_token=chars_per_token, allow=allow)
+                              tokenizer=tokenizer, chars_per_token=chars_per_token, allow=allow, padding=padding)
     finally:  # shown even when the plan fails, in the order they came
         for caught_warning in caught:
             warnings.showwarning(caught_warning.message, caught_warning.category, caught_warning.filename,
