@@ -12,7 +12,7 @@ from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import GpuSpec
 from ftplan.core.settings import Setting
 from ftplan.models.safe_batch import MemoryBudget
-from ftplan.planner.emit import DS_CONFIG, MANIFEST, README, TRAINING_ARGS, TRAINING_ARGS_PY, write_configs
+from ftplan.planner.emit import DS_CONFIG, MANIFEST, PLAN_JSON, README, TRAINING_ARGS, TRAINING_ARGS_PY, write_configs
 from ftplan.planner.search import PlanRequest, plan_setup
 from tests.helpers import FakePredictor, run_ftplan
 
@@ -39,7 +39,7 @@ def test_force_replaces_only_ftplans_own_files_and_removes_a_stale_ds_config(tmp
     assert (tmp_path / DS_CONFIG).exists()
     (tmp_path / "train.py").write_text("user code")
     emit(tmp_path, PLAIN_LORA, force=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([MANIFEST, README, TRAINING_ARGS, TRAINING_ARGS_PY, "train.py"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([MANIFEST, README, TRAINING_ARGS, TRAINING_ARGS_PY, PLAN_JSON, "train.py"])
     assert "deepspeed" not in json.loads((tmp_path / TRAINING_ARGS).read_text())
     assert (tmp_path / "train.py").read_text() == "user code"
 

@@ -182,7 +182,8 @@ def print_plan(plan: Plan, console: Console, failed: dict[Setting, str], show_al
     console.print(f"Memory: {budget.describe()}; a batch is safe when it stays below any batch seen at the "
                   "allocator wall or OOM and either the upper bound of its predicted peak reserved memory or the "
                   "measured peak of a batch at least as large stays within it. "
-                  "Evidence: measured (that batch ran), interpolated, extrapolated ×k (k times the largest "
+                  "Evidence: verified (`ftplan rehearse` ran this emitted folder at that batch), measured (a "
+                  "calibration trial of the recipe ran that batch), interpolated, extrapolated ×k (k times the largest "
                   "calibrated batch, or from another length, card or GPU count) or the prior alone.")
     if plan.request.price_per_gpu_hour is not None:
         console.print(f"Cost = hours × {plan.request.price_per_gpu_hour:g} per GPU-hour × "

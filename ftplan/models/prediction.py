@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from ftplan.core.settings import Setting
 
 # Where a prediction came from, in decreasing order of trust.
+SOURCE_VERIFIED = "verified"          # the emitted folder of this plan itself ran at this batch (`ftplan rehearse`)
 SOURCE_MEASURED = "measured"          # this exact setting, batch and card ran
 SOURCE_INTERPOLATED = "interpolated"  # inside the calibrated batch range of this exact setting and card
 SOURCE_EXTRAPOLATED = "extrapolated"  # beyond the calibrated batches, or from a relative (length, card, GPU count)

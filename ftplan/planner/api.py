@@ -38,6 +38,7 @@ from ftplan.planner.dataset_plan import (
 from ftplan.planner.gpu_counts import ScalingPlan, plan_gpu_counts
 from ftplan.planner.inputs import Evidence, load_evidence
 from ftplan.planner.search import DEFAULT_LORA_RANKS, Plan, PlanRequest, SetupPlan, make_plan
+from ftplan.planner.verified import mark_verified
 
 # Without a dataset: padded to seq_len with a mask (the default collator), or rows already exactly seq_len.
 NO_DATASET_PADDINGS = ("max_length", "none")
@@ -165,6 +166,9 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
                 predictor, request, Path(dataset), dataset_options or DatasetOptions(), text_field, ids_field,
                 Path(tokenizer) if tokenizer else None, extra, chars_per_token)
             result_plan = dataset_plan.plan
+        result_plan = mark_verified(result_plan, evidence.rehearsals, dataset_plan, evidence.card_of)
+        if dataset_plan is not None:
+            dataset_plan = replace(dataset_plan, plan=result_plan)
     else:
         scaling = plan_gpu_counts(predictor, request, counts, gpus_per_node, extra)
         result_plan = scaling.plan

@@ -25,7 +25,7 @@ from ftplan.models.communication import (
 )
 from ftplan.models.prior import unmodelled
 from ftplan.models.safe_batch import MemoryBudget
-from ftplan.store.records import RecordWarning, printable, read_records
+from ftplan.store.records import RecordWarning, is_rehearsal, printable, read_records
 
 USER_CALIBRATIONS = Path("calibrations")  # where `ftplan calibrate` and the Trainer callback write by default
 TRAINER_SOURCE = "trainer_callback"
@@ -54,6 +54,7 @@ class Evidence:
     network_records: list[dict]
     inputs: tuple[Input, ...]
     catalog: dict[str, GpuSpec]
+    rehearsals: tuple[dict, ...] = ()  # runs of emitted folders: they verify a plan's batch, never enter a fit
 
     @cached_property
     def predictor(self):
@@ -194,15 +195,17 @@ def default_calibrations() -> list[Path]:
 def load_evidence(calibrations: Sequence[Path], catalog: dict[str, GpuSpec]) -> Evidence:
     """Trial and network records from the given files (default: default_calibrations()), per input."""
     explicit = bool(calibrations)
-    records, network, inputs = [], [], []
+    records, network, inputs, rehearsals = [], [], [], []
     for path in (calibrations if explicit else default_calibrations()):
-        trials, links = _read_input(Path(path))
+        read, links = _read_input(Path(path))
+        trials = [r for r in read if not is_rehearsal(r)]
+        rehearsals += [r for r in read if is_rehearsal(r)]
         records += trials
         network += links
         inputs.append(Input(Path(path), len(trials), sum(r.get("source") == TRAINER_SOURCE for r in trials)))
-    if explicit and not records:
+    if explicit and not records and not rehearsals:
         raise FtplanError(f"no valid calibration records in {', '.join(map(str, calibrations))}")
-    return Evidence(records, network, tuple(inputs), catalog)
+    return Evidence(records, network, tuple(inputs), catalog, tuple(rehearsals))
 
 
 def load_predictor(calibrations: Sequence[Path] = (), catalog: dict[str, GpuSpec] | None = None):

@@ -125,7 +125,7 @@ def record_of(numbers: dict, rehearsal: Rehearsal, digest: str, seconds: float, 
     result = rehearsal.result
     measured = {key: result.get(key) for key in ("peak_allocated_bytes", "peak_reserved_bytes", "num_alloc_retries",
                                                  "step_seconds", "heavy_steps", "gpu_name", "gpu_memory_total_bytes",
-                                                 "versions", "alloc_conf")}
+                                                 "versions", "alloc_conf") if result.get(key) is not None}
     return build_record(setting, rehearsal.micro_batch, rehearsal.status, message=rehearsal.message,
                         rehearsal=True, accumulation=rehearsal.accumulation, emit_digest=digest, emit_dir=emit_dir,
                         padded_length=numbers["length"], strategy=numbers["strategy"], device="cuda",

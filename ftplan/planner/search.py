@@ -24,6 +24,7 @@ from ftplan.models.prediction import (
     SOURCE_EXTRAPOLATED,
     SOURCE_INTERPOLATED,
     SOURCE_MEASURED,
+    SOURCE_VERIFIED,
     Prediction,
 )
 from ftplan.models.safe_batch import MemoryBudget, is_safe, largest_safe_batch
@@ -36,7 +37,7 @@ MAX_SEARCH_BATCH = MAX_BATCH
 # Setups whose time (or cost) lies within the time fit's own floor of relative uncertainty of the
 # best are a tie the numbers cannot break; the recommendation then goes to the best-measured one.
 NEAR_TIE = TIME_FLOOR
-TRUST = {SOURCE_MEASURED: 0, SOURCE_INTERPOLATED: 1, SOURCE_EXTRAPOLATED: 2}  # anything else (the prior) ranks after these
+TRUST = {SOURCE_VERIFIED: -1, SOURCE_MEASURED: 0, SOURCE_INTERPOLATED: 1, SOURCE_EXTRAPOLATED: 2}  # anything else (the prior) ranks after these
 
 
 class Predictor(Protocol):

@@ -86,6 +86,12 @@ def build_record(setting: Setting, micro_batch: int, status: str, **measured) ->
             "micro_batch": micro_batch, "status": status, **measured}
 
 
+def is_rehearsal(record: dict) -> bool:
+    """A run of an emitted folder (`ftplan rehearse`): it verifies that folder's batch and enters no fit,
+    because its batches are the user's data, not a controlled ladder of one setting."""
+    return record.get("rehearsal") is True
+
+
 def append_record(path: Path, record: dict) -> None:
     """Durably append one record; safe against concurrent writers and a kill mid-write."""
     path = Path(path)
