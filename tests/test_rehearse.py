@@ -11,7 +11,7 @@ import pytest
 from ftplan.calibration.rehearsal import HEAVY_STEPS, rehearsal_lengths
 from ftplan.core.errors import FtplanError
 from ftplan.planner.emit import PLAN_JSON, README, TRAINING_ARGS, TRAINING_ARGS_PY, rewrite_rehearsed
-from ftplan.planner.rehearse import lowered, read_plan
+from ftplan.planner.rehearse import lowered, read_plan, rehearsal_seconds
 from tests.helpers import run_ftplan
 
 PLAN = ["plan", "--model", "llama-3.2-1b", "--gpu", "H200", "--dataset-size", "1000", "--full"]
@@ -109,3 +109,11 @@ def test_emitted_module_loads_the_model_as_the_trial_does_and_uses_current_argum
         warnings.simplefilter("error", FutureWarning)  # a deprecated key warns; the emitted names must not
         args = module.training_arguments(use_cpu=True, bf16=False)
     assert (getattr(args, "activation_checkpointing", None) or args.gradient_checkpointing) is True
+
+
+def test_plan_emit_says_how_to_rehearse_the_folder_and_its_gpu_time(tmp_path, capsys, monkeypatch):
+    folder = tmp_path / "configs"
+    code, out, err = run_ftplan([*PLAN, "--emit", folder], capsys, monkeypatch)
+    assert code == 0, err
+    minutes = rehearsal_seconds(read_plan(folder), 20) / 60
+    assert f"`ftplan rehearse {folder}`" in out and f"about {minutes:.1f} GPU-minutes" in out

@@ -6,14 +6,14 @@ peak resident set (VmHWM, reset through /proc/self/clear_refs) stands in, so CI 
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import re
 import socket
 from pathlib import Path
 
+from ftplan.core.versions import installed_versions
+
 PROC_STATUS = Path("/proc/self/status")
-TRACKED_PACKAGES = ("torch", "transformers", "deepspeed", "liger_kernel", "peft", "accelerate")
 
 
 def _cpu_peak_rss_bytes() -> int:
@@ -65,12 +65,8 @@ def gpu_identity(device: str) -> tuple[str, int]:
 
 
 def library_versions() -> dict:
-    versions = {}
-    for name in TRACKED_PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name.replace("_", "-"))
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
+    """The tracked packages' versions and the CUDA torch was built for, as a record stores them."""
+    versions = dict(installed_versions())
     try:
         import torch
 

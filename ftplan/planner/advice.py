@@ -204,7 +204,8 @@ def reasons(plan: Plan, training_note: bool = True) -> list[str]:
 
 
 def warnings_for(plan: Plan) -> list[str]:
-    """How far to trust the recommendation: extrapolation, the prior alone, or nothing to recommend."""
+    """How far to trust the recommendation: extrapolation, offload's host RAM, or nothing to recommend (a winner
+    from the prior alone opens the plan instead: planner/headline.py)."""
     rec = plan.recommended
     if rec is None:
         limit = plan.request.max_hours
@@ -216,9 +217,6 @@ def warnings_for(plan: Plan) -> list[str]:
         found.append(f"{rec.label} at batch {rec.batch} is {rec.best.evidence} beyond what was calibrated: "
                      "its safety bound is widened for that distance; confirm with a short run "
                      "(`ftplan calibrate` verifies the recommended batch) before committing")
-    elif rec.best.source == SOURCE_PRIOR:
-        found.append(f"{rec.label} was never calibrated on this GPU: the recommendation rests on the "
-                     "analytic prior alone; run `ftplan calibrate` for it before committing")
     if rec.setting.offload_optimizer:
         have = plan.request.host_memory_gib
         found.append(f"{rec.label} offloads the optimizer: each node needs at least {rec.host_bytes / GIB:,.1f} GiB "

@@ -36,6 +36,7 @@ from ftplan.planner.dataset_plan import (
     plan_dataset_file,
 )
 from ftplan.planner.gpu_counts import ScalingPlan, plan_gpu_counts
+from ftplan.planner.headline import headline
 from ftplan.planner.inputs import Evidence, load_evidence
 from ftplan.planner.search import DEFAULT_LORA_RANKS, Plan, PlanRequest, SetupPlan, make_plan
 from ftplan.planner.verified import mark_verified
@@ -56,6 +57,7 @@ class PlanResult:
     failed: dict[Setting, str]
     dataset_plan: DatasetPlan | None = None
     dataset_lines: tuple[str, ...] = ()
+    headline: tuple[str, ...] = ()  # said before the table: a prior-only winner, records of other versions
 
     @property
     def recommendation(self) -> SetupPlan | None:
@@ -63,7 +65,10 @@ class PlanResult:
 
     def to_dict(self) -> dict:
         """Exactly what `ftplan plan --json` prints."""
-        return {**(plan_to_dict(self.plan, self.failed) if self.plan else {}),
+        planned = plan_to_dict(self.plan, self.failed) if self.plan else {}
+        if planned:
+            planned["warnings"] = [*self.headline, *planned["warnings"]]
+        return {**planned, "headline": list(self.headline),
                 "inputs": [{"path": str(i.path), "records": i.records, "from_training_runs": i.from_training_runs}
                            for i in self.evidence.inputs],
                 "links": {**self.links.__dict__, "description": self.links_text},
@@ -174,7 +179,8 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
         result_plan = scaling.plan
     overlap = estimate_overlap(evidence.records, links)
     links_text += f" Overlap of communication with backward: {overlap.overlap:g}; {overlap.source}."
-    return PlanResult(result_plan, scaling, evidence, links, links_text, failed, dataset_plan, tuple(dataset_lines))
+    return PlanResult(result_plan, scaling, evidence, links, links_text, failed, dataset_plan, tuple(dataset_lines),
+                      tuple(headline(result_plan, evidence.records, evidence.card_of)))
 
 
 def predict(model: str, batch_size: int, gpu: str = "H200", *, calibrations: Sequence[Path | str] = (),

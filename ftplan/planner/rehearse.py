@@ -31,6 +31,7 @@ from ftplan.store.records import build_record
 REHEARSAL_COMMAND = (sys.executable, "-m", "ftplan.calibration.rehearsal")
 PLAN_KEYS = ("setting", "micro_batch", "accumulation", "strategy", "length", "limit", "too_long", "headline",
              "usable_bytes", "predicted", "rehearsals", "lengths")
+DEFAULT_STEPS = 20  # enough for the heaviest batches and a random mix after them
 MAX_ATTEMPTS = 4  # the first run and three lowered batches: a plan off by more needs a new calibration
 
 
@@ -97,9 +98,17 @@ def read_plan(directory: Path) -> dict:
     return numbers
 
 
+# A rehearsal's time outside its steps (process start, dataset, model build, first-shape warm-up): the median
+# of the 14 H200 rehearsals in benchmarks/gpu/results/emitted_runs_h200.jsonl, and the one with ZeRO-2 offload
+# (DeepSpeed's CPU Adam build and pinned buffers).
+STARTUP_SECONDS = 25
+OFFLOAD_STARTUP_SECONDS = 94
+
+
 def rehearsal_seconds(numbers: dict, steps: int) -> float:
     """About how long one rehearsal takes on the GPU: start-up and model build, plus its steps."""
-    return 60 + steps * numbers["predicted"]["seconds_per_step"]
+    offload = Setting.from_dict(numbers["setting"]).offload_optimizer
+    return (OFFLOAD_STARTUP_SECONDS if offload else STARTUP_SECONDS) + steps * numbers["predicted"]["seconds_per_step"]
 
 
 def run_once(directory: Path, steps: int, timeout: float, log: Path) -> dict:

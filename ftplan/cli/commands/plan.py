@@ -137,6 +137,8 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
     else:
         console = make_console()
         console.print(result.evidence.describe())
+        for line in result.headline:
+            console.print(f"[bold yellow]attention:[/] {line}")
         if scaling is not None or (plan is not None and plan.request.base.world_size > 1):
             console.print(result.links_text)
         if scaling is not None:
@@ -151,12 +153,24 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
         chosen = _emitted_setup(plan, emit_setup)
         from ftplan.planner.emit import README, write_configs
         written = write_configs(emit, chosen, plan.request, force, result.dataset_plan,
-                                [*advice.warnings_for(plan), *(str(w.message) for w in caught)])
+                                [*result.headline, *advice.warnings_for(plan), *(str(w.message) for w in caught)])
         click.echo(f"wrote {', '.join(str(p) for p in written)}", err=as_json)
         click.echo(f"use them: `from training_args import training_arguments, data_collator` in train.py "
                    f"(how: {emit / README})", err=as_json)
+        click.echo(_rehearse_hint(emit, chosen), err=as_json)
     if plan is not None and plan.recommended is None:  # all too slow for --max-hours, or of the wrong kind
         raise click.exceptions.Exit(EXIT_DOES_NOT_FIT)
+
+
+def _rehearse_hint(emit: Path, chosen) -> str:
+    """How to verify the folder on the GPU before the full run, and what that costs."""
+    if chosen.setting.padding == "packed":
+        return "packed batches cannot be rehearsed yet (TRL's SFTTrainer); the batch stays as planned, unverified"
+    from ftplan.planner.rehearse import DEFAULT_STEPS, read_plan, rehearsal_seconds
+    minutes = rehearsal_seconds(read_plan(emit), DEFAULT_STEPS) / 60
+    return (f"verify it on the GPU before the full run: `ftplan rehearse {emit}` runs this folder unchanged for "
+            f"{DEFAULT_STEPS} steps on the heaviest batches (about {minutes:.1f} GPU-minutes a run; it lowers the "
+            "batch and rewrites the folder if it runs out of memory)")
 
 
 def _emitted_setup(plan, label: str | None):

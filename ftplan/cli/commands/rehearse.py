@@ -9,7 +9,7 @@ import click
 from ftplan.core.errors import EXIT_DOES_NOT_FIT
 from ftplan.core.units import GIB
 from ftplan.planner.inputs import USER_CALIBRATIONS
-from ftplan.planner.rehearse import read_plan, rehearsal_seconds, rehearse_folder
+from ftplan.planner.rehearse import DEFAULT_STEPS, read_plan, rehearsal_seconds, rehearse_folder
 from ftplan.store.records import append_record
 
 REHEARSALS_FILE = "rehearsals.jsonl"
@@ -17,7 +17,7 @@ REHEARSALS_FILE = "rehearsals.jsonl"
 
 @click.command("rehearse")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--steps", type=click.IntRange(min=3, max=1000), default=20, show_default=True,
+@click.option("--steps", type=click.IntRange(min=3, max=1000), default=DEFAULT_STEPS, show_default=True,
               help="Optimizer steps per run: the dataset's heaviest batches first, then a random mix.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help=f"Where the rehearsal records go.  [default: ./calibrations/{REHEARSALS_FILE}]")

@@ -1,0 +1,139 @@
+"""What a plan must say before its table: a winner the prior alone chose (with the best measured alternative
+and how to measure the winner), and records taken with other library versions than the ones installed here."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable
+
+from ftplan.core.architecture import ALL_LINEAR_TARGETS
+from ftplan.core.hardware import GpuSpec
+from ftplan.core.settings import Setting
+from ftplan.core.versions import installed_versions
+from ftplan.models.eta import format_duration
+from ftplan.models.prediction import (
+    SOURCE_EXTRAPOLATED,
+    SOURCE_INTERPOLATED,
+    SOURCE_MEASURED,
+    SOURCE_PRIOR,
+    SOURCE_VERIFIED,
+)
+from ftplan.planner.search import Plan, SetupPlan
+
+CALIBRATED_SOURCES = (SOURCE_VERIFIED, SOURCE_MEASURED, SOURCE_INTERPOLATED)
+# `ftplan calibrate`'s default: batches 1, 2 and 4, then at most 3 verify trials bisecting to the safe batch.
+DEFAULT_TRIAL_BATCHES = (1, 2, 4)
+MAX_VERIFY_TRIALS = 3
+UNTIMED_STEPS = 2  # calibrate's --warmup-steps default; warm-up may run longer, so the estimate is a floor
+DEFAULT_MEASURED_STEPS = 4
+COMPARED_PACKAGES = ("torch", "transformers", "peft", "deepspeed", "liger_kernel", "bitsandbytes")
+
+
+def best_calibrated(plan: Plan) -> SetupPlan | None:
+    """The fastest candidate resting on calibration: verified, measured or interpolated, else extrapolated."""
+    for sources in (CALIBRATED_SOURCES, (SOURCE_EXTRAPOLATED,)):
+        found = next((s for s in plan.candidates if s.best.source in sources), None)
+        if found is not None:
+            return found
+    return None
+
+
+def calibrate_command(setting: Setting) -> str:
+    """The `ftplan calibrate` line that measures this setting's recipe on the card it runs on."""
+    default = Setting(model=setting.model)
+    flags = [f"--model {setting.model}", f"--seq-len {setting.seq_len}"]
+    flags += [f"--zero-stage {setting.zero_stage}"] if setting.zero_stage else []
+    flags += ["--offload on"] if setting.offload_optimizer else []
+    flags += ["--liger on"] if setting.liger else []
+    flags += ["--gradient-checkpointing on"] if setting.gradient_checkpointing else []
+    flags += [f"--lora-rank {setting.lora_rank}"] if setting.lora_rank else []
+    flags += ([f"--lora-targets {','.join(setting.lora_targets)}"]
+              if setting.lora_rank and setting.lora_targets != ALL_LINEAR_TARGETS else [])
+    flags += [f"--quantization {setting.quantization}"] if setting.quantization else []
+    flags += [f"--precision {setting.precision}"] if setting.precision != default.precision else []
+    flags += [f"--optimizer {setting.optimizer}"] if setting.optimizer != default.optimizer else []
+    flags += [f"--padding {setting.padding}"] if setting.padding != "packed" else []
+    flags += [f"--attention {setting.attention}"] if setting.attention != default.attention else []
+    flags += [f"--alloc-conf {setting.alloc_conf}"] if setting.alloc_conf else []
+    flags += [f"--gpus {setting.world_size}"] if setting.world_size > 1 else []
+    return "ftplan calibrate " + " ".join(flags)
+
+
+def trial_overhead_seconds(records: Iterable[dict]) -> float | None:
+    """A trial's time outside its timed steps (start-up, model build, warm-up), the median over the records."""
+    overheads = [float(r["trial_seconds"]) - (int(r.get("steps_measured") or DEFAULT_MEASURED_STEPS) + UNTIMED_STEPS)
+                 * float(r["seconds_per_step"])
+                 for r in records if r.get("status") == "ok" and r.get("trial_seconds") and r.get("seconds_per_step")]
+    return max(0.0, statistics.median(overheads)) if overheads else None
+
+
+def calibration_seconds(setup: SetupPlan, records: list[dict]) -> tuple[float, float] | None:
+    """The fewest and most GPU seconds `ftplan calibrate` takes on this setup: the default batches and one to
+    three verify trials at the planned batch, each its overhead (this model's trials, else any) plus its steps."""
+    same_model = [r for r in records if r.get("model") == setup.setting.model]
+    overhead = trial_overhead_seconds(same_model) or trial_overhead_seconds(records)
+    if overhead is None:
+        return None
+    per_sample = setup.eta.seconds_per_step / setup.batch  # step time grows about linearly with the batch
+
+    def trial(batch: int) -> float:
+        return overhead + (UNTIMED_STEPS + DEFAULT_MEASURED_STEPS) * per_sample * batch
+
+    ladder = sum(trial(b) for b in DEFAULT_TRIAL_BATCHES)
+    gpus = setup.setting.world_size
+    return (ladder + trial(setup.batch)) * gpus, (ladder + MAX_VERIFY_TRIALS * trial(setup.batch)) * gpus
+
+
+def prior_winner_lines(plan: Plan, records: list[dict]) -> list[str]:
+    """When the recommendation rests on the prior alone: say so, name the best calibrated alternative, and give
+    the command (and the GPU time) that would measure the winner."""
+    rec = plan.recommended
+    if rec is None or rec.best.source != SOURCE_PRIOR:
+        return []
+    lines = [f"{rec.label} is recommended from the analytic prior alone: it was never calibrated on "
+             f"{plan.request.gpu.name}, so its batch {rec.batch} and ETA {format_duration(rec.eta.total_seconds)} "
+             "are estimates, not measurements"]
+    alternative = best_calibrated(plan)
+    if alternative is not None:
+        lines.append(f"best calibrated alternative: {alternative.label}, batch {alternative.batch} per GPU, ETA "
+                     f"{format_duration(alternative.eta.total_seconds)} ({alternative.best.source})"
+                     + (f"; `--emit-setup '{alternative.label}'` emits it" if alternative is not rec else ""))
+    seconds = calibration_seconds(rec, [r for r in records if r.get("gpu_name")])
+    took = (f", about {seconds[0] / 60:.0f}-{seconds[1] / 60:.0f} GPU-minutes ({len(DEFAULT_TRIAL_BATCHES) + 1}-"
+            f"{len(DEFAULT_TRIAL_BATCHES) + MAX_VERIFY_TRIALS} trials)" if seconds else "")
+    lines.append(f"to measure it, run on the {plan.request.gpu.name}: `{calibrate_command(rec.setting)}`{took}"
+                 + ("; packing is not calibrated yet, so this measures padded batches" if rec.setting.padding == "packed"
+                    else ""))
+    return lines
+
+
+def version_lines(records: Iterable[dict], installed: dict[str, str | None] | None = None) -> list[str]:
+    """The packages whose versions in the records differ from those installed here (or among the records)."""
+    here = installed_versions() if installed is None else installed
+    seen: dict[str, set[str]] = {}
+    for record in records:
+        versions = record.get("versions")
+        for name in COMPARED_PACKAGES:
+            value = versions.get(name) if isinstance(versions, dict) else None
+            if isinstance(value, str):
+                seen.setdefault(name, set()).add(value)
+    differing = []
+    for name in COMPARED_PACKAGES:
+        measured = sorted(seen.get(name, ()))
+        mine = here.get(name)
+        if len(measured) > 1 or (measured and mine and mine not in measured):
+            differing.append(f"{name} {'/'.join(measured)}" + (f" (installed here: {mine})" if mine else ""))
+    if not differing:
+        return []
+    return ["the calibrations were measured with " + ", ".join(differing)
+            + ": memory and speed can change between versions; calibrate with the versions you will train with"]
+
+
+def headline(plan: Plan | None, records: list[dict], card_of: Callable[[dict], GpuSpec | None]) -> list[str]:
+    """The lines a plan opens with, for the recommendation's card."""
+    if plan is None:
+        return []
+    on_card = [r for r in records if card_of(r) == plan.request.gpu]
+    rec = plan.recommended
+    used = [r for r in on_card if rec is not None and r.get("model") == rec.setting.model]
+    return [*prior_winner_lines(plan, on_card), *version_lines(used)]

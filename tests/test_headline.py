@@ -1,0 +1,65 @@
+"""A plan opens with what its table cannot show: a winner chosen by the prior alone (with the best calibrated
+alternative and the exact command that would measure it) and records from other library versions (issue 24 #6, #7)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftplan.planner import api
+from ftplan.cli.commands.calibrate import command as calibrate
+from ftplan.core.settings import Setting
+from ftplan.planner.headline import calibrate_command, trial_overhead_seconds, version_lines
+
+
+def test_a_prior_only_winner_is_said_first_with_the_best_calibrated_alternative_and_its_calibrate_command():
+    result = api.plan("llama-3.2-1b", 1000, "H200", training="full")
+    rec = result.recommendation
+    assert rec.best.source == "prior"
+    first, alternative, command = result.headline[:3]
+    assert "analytic prior alone" in first and rec.label in first
+    assert "best calibrated alternative" in alternative and any(f"({s})" in alternative for s in ("measured", "interpolated", "extrapolated"))
+    assert f"`{calibrate_command(rec.setting)}`" in command and "GPU-minutes" in command
+    assert result.to_dict()["warnings"][:3] == list(result.headline[:3])
+
+
+def test_a_measured_winner_opens_with_no_prior_warning():
+    result = api.plan("qwen2.5-0.5b", 1000, "H200", training="full", padding="none")
+    assert result.recommendation.best.source != "prior"
+    assert not any("prior alone" in line for line in result.headline)
+
+
+@pytest.mark.parametrize("setting", [
+    Setting(model="llama-3-8b", zero_stage=2, offload_optimizer=True, liger=True, lora_rank=16,
+            gradient_checkpointing=True, precision="bf16", padding="longest", alloc_conf="expandable_segments:True"),
+    Setting(model="llama-3.2-1b", precision="bf16-pure", optimizer="adamw_8bit", attention="eager", seq_len=1024),
+    Setting(model="llama-3-8b", lora_rank=8, lora_targets=("q_proj", "v_proj"), quantization="nf4",
+            optimizer="paged_adamw_8bit", gpus=2),
+])
+def test_the_calibrate_command_parses_back_to_the_very_setting(setting):
+    argv = calibrate_command(setting).split()[2:]
+    params = calibrate.make_context("calibrate", argv).params
+    assert params["models"] == (setting.model,) and params["seq_lens"] == (setting.seq_len,)
+    assert params["zero_stages"] == (setting.zero_stage,) and params["lora_ranks"] == (setting.lora_rank,)
+    assert (params["offload"] == "on") == setting.offload_optimizer and (params["liger"] == "on") == setting.liger
+    assert (params["gradient_checkpointing"] == "on") == setting.gradient_checkpointing
+    assert tuple(params["lora_targets"]) == setting.lora_targets and params["quantization"] == setting.quantization
+    assert (params["precision"] or "bf16") == setting.precision and params["optimizer"] == setting.optimizer
+    assert params["paddings"] == (setting.padding,) and params["attention"] == setting.attention
+    assert params["alloc_conf"] == setting.alloc_conf and params["gpus"] == setting.world_size
+
+
+def test_a_trial_overhead_is_its_time_outside_the_timed_and_untimed_steps():
+    records = [{"status": "ok", "trial_seconds": 20.0, "seconds_per_step": 1.0, "steps_measured": 4},
+               {"status": "ok", "trial_seconds": 40.0, "seconds_per_step": 2.0, "steps_measured": 4},
+               {"status": "oom", "trial_seconds": 99.0}]
+    assert trial_overhead_seconds(records) == pytest.approx((14 + 28) / 2)
+
+
+def test_versions_that_differ_from_the_installed_ones_or_among_the_records_are_named():
+    records = [{"versions": {"torch": "2.11.0", "transformers": "5.17.0"}}]
+    assert version_lines(records, {"torch": "2.11.0", "transformers": "5.17.0"}) == []
+    assert version_lines(records, {"torch": None, "transformers": None}) == []  # a planning-only install
+    [line] = version_lines(records, {"torch": "2.13.0", "transformers": "5.17.0"})
+    assert "torch 2.11.0 (installed here: 2.13.0)" in line and "transformers" not in line
+    [line] = version_lines([*records, {"versions": {"transformers": "5.20.0"}}], {})
+    assert "transformers 5.17.0/5.20.0" in line
