@@ -215,8 +215,8 @@ def warnings_for(plan: Plan) -> list[str]:
     found = []
     if rec.best.source == SOURCE_EXTRAPOLATED:
         found.append(f"{rec.label} at batch {rec.batch} is {rec.best.evidence} beyond what was calibrated: "
-                     "its safety bound is widened for that distance; confirm with a short run "
-                     "(`ftplan calibrate` verifies the recommended batch) before committing")
+                     "its safety bound is widened for that distance; confirm it before committing: `ftplan rehearse` runs "
+                     "the emitted folder at that batch (`ftplan calibrate` verifies the recommended batch too)")
     if rec.setting.offload_optimizer:
         have = plan.request.host_memory_gib
         found.append(f"{rec.label} offloads the optimizer: each node needs at least {rec.host_bytes / GIB:,.1f} GiB "

@@ -95,23 +95,19 @@ def readme(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch, plan_war
         f"{setup.eta.steps:,} steps x {setup.eta.seconds_per_step:.2f} s = "
         f"{format_duration(setup.eta.total_seconds)} (h:mm), predicted source: {setup.best.source}",
         "",
-        f"Run from this folder: training_args.json names {'ds_config.json and ' if setting.uses_deepspeed else ''}"
-        "output/ relative to it, so the folder",
-        "works wherever it is copied (to the cluster, say). Load the arguments in your train.py and launch it:",
-        *(["    args = training_arguments()  # from training_args.py below: the JSON cannot carry packing"]
-          if batch.strategy == "pack" else ["    args = TrainingArguments(**json.load(open('training_args.json')))"]),
-        f"    cd THIS_FOLDER && {launch}",
-        "",
-        f"The planned batching needs its collator too: {why}. training_args.py builds both (any folder):",
-        "    from training_args import training_arguments, data_collator",
+        "The recipe is training_args.py: the Trainer arguments under your transformers' names, the collator, and",
+        "how the model is loaded and prepared (dtype, attention implementation, QLoRA's 4-bit base, the LoRA",
+        "adapters), each as the plan's calibration ran it. Use all four in your train.py:",
+        "    from training_args import training_arguments, data_collator, model_kwargs, prepare_model",
+        "    model = prepare_model(AutoModelForCausalLM.from_pretrained(MODEL, **model_kwargs()))",
     ]
     if batch.strategy == "pack":
         lines += [("    trainer = SFTTrainer(model=model, args=training_arguments(), train_dataset=train, "
-                   "processing_class=tokenizer)  # TRL")]
+                   "processing_class=tokenizer)  # TRL: packing lives in its SFTConfig")]
     else:
         lines += [("    trainer = Trainer(model=model, args=training_arguments(), train_dataset=train, "
                    "data_collator=data_collator(tokenizer))"),
-                  f"    (the collator: {collator})"]
+                  f"    (the collator: {collator}: {why})"]
     if batch.strategy == "group":
         lines.append("    transformers 4.x: group_by_length=True instead of train_sampling_strategy (training_args.py "
                      "picks the one your version takes)")
@@ -125,6 +121,14 @@ def readme(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch, plan_war
         lines.append('    Dynamic padding (padding="longest") pads less, but on a GPU its changing shapes can make the '
                      "caching allocator reserve more; `ftplan plan --dataset` plans it.")
     lines += [f"    {line[2:]}" for line in length_limit_comment(batch)]
+    lines += ["", "Run it from this folder: the paths in the arguments (output/"
+              + (", ds_config.json" if setting.uses_deepspeed else "") + ") are relative to it, so the folder",
+              "works wherever it is copied (to the cluster, say):",
+              f"    cd THIS_FOLDER && {launch}",
+              "training_args.json holds the same Trainer arguments as data, for tools that read JSON; it keeps the",
+              "older checkpointing names (gradient_checkpointing), which training_args.py renames where your",
+              "transformers has activation_checkpointing" + (", and it cannot carry packing" if batch.strategy == "pack"
+                                                             else "") + "."]
     if batch.alloc_conf:
         lines += ["", "Before the run, on every node: micro-batches whose shape changes every step fragment PyTorch's CUDA",
                   "caching allocator (on an H200 an epoch of dynamic padding reserved up to 1.8x what the calibration",
@@ -136,12 +140,11 @@ def readme(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch, plan_war
         lines += ["", "Liger: training_args.json sets use_liger_kernel=True; outside the Trainer patch the model first:",
                   "    from liger_kernel.transformers import AutoLigerKernelForCausalLM",
                   "    model = AutoLigerKernelForCausalLM.from_pretrained(MODEL)"]
+    lines += ["", "Before the full run, on the GPU: `ftplan rehearse THIS_FOLDER` runs it unchanged for a few steps on the",
+              "heaviest batches; if it runs out of memory or comes within the safety margin it lowers the batch",
+              "(raising gradient accumulation to keep the global batch) and rewrites this folder."]
     if plan_warnings:  # the folder travels without the terminal that showed them
         lines += ["", "WARNINGS from the plan:", *(f"  - {w}" for w in plan_warnings)]
-    lines += ["", "Load the model as planned (its dtype, attention implementation, QLoRA's 4-bit base and the LoRA",
-              "adapters change memory and speed; training_args.py holds them):",
-              "    from training_args import model_kwargs, prepare_model",
-              "    model = prepare_model(AutoModelForCausalLM.from_pretrained(MODEL, **model_kwargs()))"]
     return "\n".join(lines) + "\n"
 
 

@@ -155,7 +155,7 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
         written = write_configs(emit, chosen, plan.request, force, result.dataset_plan,
                                 [*result.headline, *advice.warnings_for(plan), *(str(w.message) for w in caught)])
         click.echo(f"wrote {', '.join(str(p) for p in written)}", err=as_json)
-        click.echo(f"use them: `from training_args import training_arguments, data_collator` in train.py "
+        click.echo(f"use them: `from training_args import training_arguments, data_collator, model_kwargs, prepare_model` in train.py "
                    f"(how: {emit / README})", err=as_json)
         click.echo(_rehearse_hint(emit, chosen), err=as_json)
     if plan is not None and plan.recommended is None:  # all too slow for --max-hours, or of the wrong kind
