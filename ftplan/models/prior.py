@@ -29,11 +29,7 @@ from ftplan.core.architecture import Architecture, cached_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import GpuSpec, find_gpu
 from ftplan.core.settings import Setting
-from ftplan.models.activations import (
-    activations_bytes_per_token,
-    liger_lm_head_grad_bytes,
-    loss_bytes_per_token,
-)
+from ftplan.models.activations import liger_lm_head_grad_bytes, peak_bytes_per_token
 from ftplan.models.bytes_per_param import (
     HALF_BYTES,
     frozen_param_bytes,
@@ -97,7 +93,7 @@ def memory_terms(arch: Architecture, setting: Setting) -> MemoryTerms:
                                     max(i * o for i, o in arch.linear_shapes().values()), setting)
         resident = trainable * tb.resident + base.resident
         copies = arch.vocab * arch.hidden * HALF_BYTES + base.workspace_bytes
-    per_token = activations_bytes_per_token(arch, setting) + loss_bytes_per_token(arch, setting)
+    per_token = peak_bytes_per_token(arch, setting)
     gradients = trainable * tb.gradients
     return MemoryTerms(
         backward_start_static=resident + copies + early_grad + gathered + liger_lm_head_grad_bytes(arch, setting),
