@@ -23,6 +23,7 @@ from ftplan.models.communication import (
 
 DEFAULT_GPUS_PER_NODE = 8  # a full cloud or DGX node; `--gpus-per-node 1` for single-GPU instances
 _RANGE = re.compile(r"^(\d+)\.\.(\d+)$")
+MAX_GPU_COUNTS = 32  # each count is a whole setup search (about a second): 200 listed ran over 300 s
 
 
 def parse_gpu_counts(text: str) -> list[int]:
@@ -41,6 +42,9 @@ def parse_gpu_counts(text: str) -> list[int]:
             counts.add(int(part))
         else:
             raise FtplanError(f"cannot read GPU count '{part}' in '{text}': give e.g. 8, 1,2,4,8 or 1..128")
+    if len(counts) > MAX_GPU_COUNTS:
+        raise FtplanError(f"{len(counts)} GPU counts given; at most {MAX_GPU_COUNTS} are planned (each is a whole setup "
+                          "search): give fewer, e.g. a doubling range such as 1..128")
     return sorted(counts)
 
 
