@@ -12,7 +12,9 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import statistics
+import tempfile
 import time
 import warnings
 from collections.abc import Sequence
@@ -23,6 +25,7 @@ from ftplan.calibration.ladder import LadderStep, next_step, remaining_estimate
 from ftplan.calibration.verify import next_verify_batch
 from ftplan.calibration.launcher import TrialOutcome, TrialSpec, run_trial
 from ftplan.core.architecture import load_architecture
+from ftplan.core.errors import FtplanError
 from ftplan.store.records import (
     RecordWarning,
     append_record,
@@ -132,7 +135,6 @@ def _run_and_record(setting: Setting, arch_hash: str, batch: int, plan: Calibrat
 def _next_verify(setting: Setting, plan: CalibrationPlan, done: dict[int, str], trials_done: int) -> int | None:
     """The batch the planner would recommend from this setting's records so far, when it still needs a trial
     (ftplan.calibration.verify); None without a card capacity (CPU) or enough points to fit."""
-    from ftplan.core.errors import FtplanError
     from ftplan.models.fit import fit_setting
     from ftplan.models.safe_batch import MemoryBudget, fit_largest_safe_batch
 
@@ -171,10 +173,26 @@ def counted_as_wall(record: dict, outcomes: dict[int, str]) -> dict:
     return record
 
 
+MIN_FREE_BYTES = 64 * 2**20  # a trial's spec, results and rank logs (DeepSpeed's reach megabytes), and its record
+
+
+def check_free_space(plan: CalibrationPlan) -> None:
+    """Refuse to start a trial where its files cannot be written: a full disk was found only when the record
+    was appended, after the trial had spent its minutes on the GPU."""
+    folders = [Path(plan.out).parent, Path(tempfile.gettempdir()), *([Path(plan.log_dir)] if plan.log_dir else [])]
+    for folder in folders:
+        folder = next(p for p in (folder.absolute(), *folder.absolute().parents) if p.exists())
+        free = shutil.disk_usage(folder).free
+        if free < MIN_FREE_BYTES:
+            raise FtplanError(f"only {free:,} bytes free at {folder}; a calibration trial needs {MIN_FREE_BYTES:,} "
+                              "for its logs and record: free space and run again to resume")
+
+
 def _run_one(setting: Setting, arch_hash: str, batch: int, plan: CalibrationPlan) -> dict:
     measured_elsewhere = claim_trial(plan, setting, arch_hash, batch)
     if measured_elsewhere is not None:
         return measured_elsewhere
+    check_free_space(plan)
     spec = TrialSpec(setting, batch, plan.device, plan.steps, plan.warmup_steps)
     started = time.time()
     outcome = run_trial(spec, plan.timeout, plan.trial_command, plan.log_dir)
