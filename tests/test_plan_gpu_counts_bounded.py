@@ -11,7 +11,13 @@ PLAN = ["plan", "--model", "llama-3.2-1b", "--dataset-size", "100000", "--gpu", 
 def test_more_gpu_counts_than_the_cap_are_refused_at_once_in_one_line(capsys, monkeypatch):
     with within(30):
         code, _out, err = run_ftplan([*PLAN, "--gpus", ",".join(map(str, range(1, 201)))], capsys, monkeypatch)
-    assert code == 2 and err.count("\n") == 1 and "200 GPU counts given; at most 32" in err, err
+    assert code == 2 and err.count("\n") == 1 and "more than 32 GPU counts given" in err, err
+
+
+def test_a_range_to_a_400_digit_count_is_refused_in_one_line_without_overflow(capsys, monkeypatch):
+    with within(30):
+        code, _out, err = run_ftplan([*PLAN, "--gpus", "1.." + "9" * 400], capsys, monkeypatch)
+    assert code == 2 and err.count("\n") == 1 and "cannot read GPU count" in err, err
 
 
 def test_each_counts_search_is_announced_on_stderr_as_it_starts(capsys, monkeypatch):
