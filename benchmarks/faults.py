@@ -111,7 +111,7 @@ FAULTS = (
     Fault(15, "no CUDA: refused up front; Liger skipped on a CPU", ("tests/test_calibrate_device_checks.py",)),
     # issue 27: the newcomer's path and the adversarial run
     Fault(16, "network calibration test needs no wall-clock luck", ("tests/test_network.py",)),
-    Fault(17, "callback restores SIGTERM and excepthook after a caught failure", (
+    Fault(17, "callback restores SIGTERM and excepthook; installs none if asked", (
         "tests/test_callback_signal_handlers.py",)),
     Fault(18, "hostile GPU/model names: no code injection on emit", ("tests/test_emit_hostile_names.py",)),
     Fault(19, "unknown optimizer/LoRA target record: skipped, file:line", ("tests/test_records_without_a_model.py",)),
@@ -128,6 +128,19 @@ FAULTS = (
     Fault(29, "does not fit: exit 3 (plan, eta), bad input 2", ("tests/test_exit_status_does_not_fit.py",)),
     Fault(30, "Hub id hint; a huge config.json refused unread", ("tests/test_model_argument_hints.py",)),
     Fault(31, "a FIFO among the calibrations never hangs a plan", ("tests/test_calibrations_fifo.py",)),
+    Fault(32, "--gpus: at most 32 counts, each count's search announced", ("tests/test_plan_gpu_counts_bounded.py",)),
+    Fault(33, "a model_type or machine id holding ../ stays in its folder", (
+        "tests/test_callback.py::test_a_model_type_holding_dot_dot_slash_writes_its_config_inside_the_records_folder",
+        "tests/test_machine_id.py::test_a_machine_id_holding_a_path_stays_one_file_name_in_the_calibrations_folder")),
+    Fault(34, "a full disk is found before a trial runs", (
+        "tests/test_disk_full.py::test_calibrate_checks_free_space_before_a_trial_runs_and_names_the_folder",)),
+    Fault(35, "kill -9: stale trial folders and claim files removed", ("tests/test_stale_trial_files.py",)),
+    Fault(36, "fit cache edited with its digest recomputed: refitted", (
+        "tests/test_fit_cache_inputs.py::test_a_cache_edited_with_its_digest_recomputed_is_refitted_not_trusted",
+        "tests/test_fit_cache_inputs.py::test_a_cache_file_others_could_write_is_refitted")),
+    Fault(37, "a vanishing link bandwidth: refused, no traceback", probes=(
+        ("plan --inter-node-bandwidth 1e-320", lambda: refused_in_one_line(*ONE_GPU_PLAN, "--gpus", "16",
+                                                                            "--inter-node-bandwidth", "1e-320")),)),
 )
 
 

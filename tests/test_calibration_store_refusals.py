@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +36,15 @@ def test_calibrate_refuses_a_symlink_and_leaves_its_target_untouched(fake_trial,
     result = calibrate(link, "--batch-sizes", "1")
     assert result.exit_code != 0 and "symlink" in str(result.exception)
     assert target.read_text() == ""
+
+
+def test_calibrate_out_dev_stdout_is_refused_at_once_and_runs_no_trial(fake_trial, tmp_path):
+    started = tmp_path / "started.log"
+    fake_trial(log=str(started))
+    with within(30):
+        result = calibrate(Path("/dev/stdout"), "--batch-sizes", "1")
+    assert result.exit_code != 0 and "symlink" in str(result.exception)
+    assert not started.exists()
 
 
 def test_a_fifo_is_refused_at_once(tmp_path):

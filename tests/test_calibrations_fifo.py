@@ -20,6 +20,17 @@ def test_a_fifo_in_the_calibrations_folder_does_not_hang_the_plan(tmp_path, caps
     assert code == 0, err
 
 
+def test_a_fifo_in_a_calibrations_folder_named_on_the_command_line_does_not_hang_the_plan(tmp_path, capsys,
+                                                                                        monkeypatch):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    os.mkfifo(folder / "stuck.jsonl")
+    with within(60):
+        code, _out, err = run_ftplan([*PLAN, "--calibrations", calibrations_dir(), "--calibrations", folder],
+                                     capsys, monkeypatch)
+    assert code == 0, err
+
+
 def test_a_fifo_named_with_no_writer_reads_as_empty(tmp_path, capsys, monkeypatch):
     fifo = tmp_path / "stuck.jsonl"
     os.mkfifo(fifo)

@@ -179,6 +179,15 @@ def test_model_of_an_unshipped_shape_gets_its_config_written_next_to_the_records
     assert run_architecture(tiny_model(), tmp_path).id == "tiny-llama"
 
 
+def test_a_model_type_holding_dot_dot_slash_writes_its_config_inside_the_records_folder(tmp_path):
+    config = {k: v for k, v in load_architecture("tiny-llama").config.items() if not k.startswith("_")}
+    config.update(num_hidden_layers=3, model_type="../../../escape")  # a remote-code model's config says what it likes
+    folder = tmp_path / "a" / "b" / "c"
+    arch = run_architecture(SimpleNamespace(config=SimpleNamespace(to_dict=lambda: dict(config))), folder)
+    assert Path(arch.id).parent == folder
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == [Path(arch.id)]
+
+
 def test_a_module_from_liger_kernel_marks_the_run_as_liger():
     model = tiny_model()
     assert not liger_applied(model)

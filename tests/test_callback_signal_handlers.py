@@ -10,6 +10,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from transformers import TrainerCallback
+
 from ftplan.calibration.callback import FtplanCallback
 from ftplan.store.records import read_records
 from tests.test_callback import RaiseAtStep, one_torch_thread, train  # noqa: F401 - autouse fixture
@@ -45,3 +47,21 @@ def test_a_caught_failure_then_a_second_train_restores_the_users_sigterm_handler
     first, second = read_records([out])
     assert "train() was called again after this run raised" in first["message"]
     assert second["status"] == "ok" and second["steps_measured"] == 2
+
+
+class HandlersSeen(TrainerCallback):
+    """The process's SIGTERM handler and excepthook as they are in the middle of training."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.seen = signal.getsignal(signal.SIGTERM), sys.excepthook
+
+
+def test_handle_interruptions_false_leaves_the_users_handlers_in_place_while_training(tmp_path, users_handlers):
+    out = tmp_path / "c.jsonl"
+    probe = HandlersSeen()
+    train(tmp_path, [FtplanCallback(out=out, warmup_steps=1, predict=False, handle_interruptions=False), probe],
+          steps=3)
+
+    assert probe.seen == (users_sigterm, users_excepthook)
+    [record] = read_records([out])
+    assert record["status"] == "ok"

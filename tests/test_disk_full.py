@@ -3,6 +3,7 @@
 import errno
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -58,3 +59,16 @@ def test_calibrate_on_a_full_disk_exits_non_zero_with_one_line_and_no_torn_recor
     assert err.strip().count("\n") == 0 and "No space left on device" in err, err
     assert "Traceback" not in err
     assert out.read_bytes() == b""
+
+
+def test_calibrate_checks_free_space_before_a_trial_runs_and_names_the_folder(tmp_path, monkeypatch, capsys):
+    out, log = tmp_path / "c.jsonl", tmp_path / "trials.log"
+    monkeypatch.setenv("FAKE_TRIAL", json.dumps({"log": str(log)}))
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=4096) if Path(path) == tmp_path
+                        else real(path))
+    code, _out, err = run_ftplan(["calibrate", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "64",
+                                  "--max-batch", "2", "--machine", "box", "--out", out], capsys, monkeypatch, trial_command=FAKE_TRIAL)
+    assert code != 0 and err.strip().count("\n") == 0, err
+    assert f"only 4,096 bytes free at {tmp_path}" in err
+    assert not log.exists()  # no trial started

@@ -55,6 +55,8 @@ def test_the_rows_intra_node_bandwidth_prices_the_links_inside_a_node(tmp_path, 
     assert f"inside a node {gbs} GB/s" in out and "intra_node_gbs of MINE in your GPU specs" in out
 
 
-def test_an_infinite_inter_node_bandwidth_is_refused(capsys, monkeypatch):
-    code, _out, err = run_ftplan([*PLAN, "--gpu", "H200", "--inter-node-bandwidth", "1e309"], capsys, monkeypatch)
-    assert code == 2 and "at most" in err, err
+@pytest.mark.parametrize("bandwidth", ["1e309", "1e-320"])  # infinity; a subnormal whose inverse is infinity
+def test_an_infinite_or_vanishing_inter_node_bandwidth_is_refused(capsys, monkeypatch, bandwidth):
+    code, _out, err = run_ftplan([*PLAN, "--gpu", "H200", "--gpus", "16", "--inter-node-bandwidth", bandwidth],
+                                 capsys, monkeypatch)
+    assert code == 2 and "GB/s" in err and "Traceback" not in err, err

@@ -42,3 +42,9 @@ def test_calibrate_and_the_callback_share_one_default_file_honouring_ftplan_mach
     calibrate_on("host-a", [], tmp_path / "starts.log", capsys, monkeypatch)
     assert default_out() == measure.default_records_path() == Path("calibrations") / "box-7.jsonl"
     assert {r["machine_id"] for r in read_records([default_out()])} == {"box-7"}
+
+
+def test_a_machine_id_holding_a_path_stays_one_file_name_in_the_calibrations_folder(monkeypatch):
+    monkeypatch.setenv("FTPLAN_MACHINE_ID", "../../etc/cron.d/x")
+    path = measure.default_records_path()
+    assert path.parent == Path("calibrations") and ".." not in path.parts and path.name.endswith(".jsonl")

@@ -71,16 +71,19 @@ class FtplanCallback(TrainerCallback):
     out: JSONL file the record is appended to. warmup_steps: optimizer steps left out of timing and
     of the memory peak (as in `ftplan calibrate`). predict: print the prediction and comparison.
     gpu: card to predict for (default: the one training runs on). seq_len: tokens per sample, only
-    needed when the model's forward is never called with input_ids.
+    needed when the model's forward is never called with input_ids. handle_interruptions: while train()
+    runs, a SIGTERM handler and sys.excepthook record a killed or crashed run (an uncaught OOM as "oom");
+    False leaves both as the user's code set them (such a run is then recorded at exit, without its cause).
     """
 
     def __init__(self, out: str | Path | None = None, warmup_steps: int = 2, predict: bool = True,
-                 gpu: str | None = None, seq_len: int | None = None) -> None:
+                 gpu: str | None = None, seq_len: int | None = None, handle_interruptions: bool = True) -> None:
         self.out = Path(out if out is not None else default_out()).resolve()
         self.warmup_steps = warmup_steps
         self.predict = predict
         self.gpu = gpu
         self.seq_len = seq_len
+        self.handle_interruptions = handle_interruptions
         self.step_seconds: list[float] = []
         self.record: dict | None = None
         self._run: _Run | None = None
@@ -136,6 +139,8 @@ class FtplanCallback(TrainerCallback):
         if self.seq_len is not None:
             self._announce()
         atexit.register(self._at_exit)
+        if not self.handle_interruptions:
+            return
         if threading.current_thread() is threading.main_thread():
             self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
         self._previous_excepthook, sys.excepthook = sys.excepthook, self._excepthook

@@ -17,13 +17,13 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ftplan.calibration.extra import INSTALL_EXTRA, missing
+from ftplan.calibration.scratch import trial_folder
 from ftplan.core.errors import FtplanError
 from ftplan.core.settings import Setting
 
@@ -135,8 +135,7 @@ def run_trial(spec: TrialSpec, timeout: float, trial_command: Sequence[str] | No
     if spec.setting.nodes > 1:
         raise FtplanError(f"cannot launch a {spec.setting.nodes}-node trial from one machine; calibrate one node and let the planner scale")
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="ftplan-trial-") as tmp:
-        workdir = Path(tmp)
+    with trial_folder() as workdir:
         if log_dir:
             Path(log_dir).mkdir(parents=True, exist_ok=True)
         logs = [Path(log_dir or workdir) / f"{spec.setting.key()}-b{spec.micro_batch}-rank{rank}.log"

@@ -11,6 +11,7 @@ import re
 import socket
 from pathlib import Path
 
+from ftplan.core.paths import file_name_part
 from ftplan.core.versions import installed_versions
 
 PROC_STATUS = Path("/proc/self/status")
@@ -90,7 +91,7 @@ def machine_id(pinned: str | None = None) -> str:
 
 def default_records_path() -> Path:
     """Where `ftplan calibrate` and FtplanCallback write by default, so both kinds of record land in one file."""
-    return Path("calibrations") / f"{machine_id()}.jsonl"
+    return Path("calibrations") / f"{file_name_part(machine_id())}.jsonl"
 
 
 # What a CUDA, cuBLAS or host allocation failure says when it is not raised as OutOfMemoryError.

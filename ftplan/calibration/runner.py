@@ -12,7 +12,9 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import statistics
+import tempfile
 import time
 import warnings
 from collections.abc import Sequence
@@ -23,6 +25,7 @@ from ftplan.calibration.ladder import LadderStep, next_step, remaining_estimate
 from ftplan.calibration.verify import next_verify_batch
 from ftplan.calibration.launcher import TrialOutcome, TrialSpec, run_trial
 from ftplan.core.architecture import load_architecture
+from ftplan.core.errors import FtplanError
 from ftplan.store.records import (
     RecordWarning,
     append_record,
@@ -99,6 +102,7 @@ def pinned_machine_id(path: Path) -> str | None:
 def calibrate(settings: Sequence[Setting], plan: CalibrationPlan, progress: CalibrationProgress | None = None) -> list[dict]:
     """Run every setting's remaining trials; return the records written by this run."""
     progress = progress or CalibrationProgress()
+    remove_stale_claims(plan)
     outcomes = known_outcomes(plan.out, plan.machine_id, plan.device)
     hashes = [load_architecture(s.model).hash for s in settings]
     per_setting = [outcomes.setdefault((s.key(), h), {}) for s, h in zip(settings, hashes)]
@@ -116,6 +120,7 @@ def calibrate(settings: Sequence[Setting], plan: CalibrationPlan, progress: Cali
             step = LadderStep(None, f"{step.reason}; verified {verify_trials} planned batch(es)" if verify_trials
                               else f"{step.reason}; nothing to verify")
         progress.setting_finished(setting, step)
+    _release_claims()  # the last trial's record is in
     return written
 
 
@@ -132,7 +137,6 @@ def _run_and_record(setting: Setting, arch_hash: str, batch: int, plan: Calibrat
 def _next_verify(setting: Setting, plan: CalibrationPlan, done: dict[int, str], trials_done: int) -> int | None:
     """The batch the planner would recommend from this setting's records so far, when it still needs a trial
     (ftplan.calibration.verify); None without a card capacity (CPU) or enough points to fit."""
-    from ftplan.core.errors import FtplanError
     from ftplan.models.fit import fit_setting
     from ftplan.models.safe_batch import MemoryBudget, fit_largest_safe_batch
 
@@ -171,10 +175,26 @@ def counted_as_wall(record: dict, outcomes: dict[int, str]) -> dict:
     return record
 
 
+MIN_FREE_BYTES = 64 * 2**20  # a trial's spec, results and rank logs (DeepSpeed's reach megabytes), and its record
+
+
+def check_free_space(plan: CalibrationPlan) -> None:
+    """Refuse to start a trial where its files cannot be written: a full disk was found only when the record
+    was appended, after the trial had spent its minutes on the GPU."""
+    folders = [Path(plan.out).parent, Path(tempfile.gettempdir()), *([Path(plan.log_dir)] if plan.log_dir else [])]
+    for folder in folders:
+        folder = next(p for p in (folder.absolute(), *folder.absolute().parents) if p.exists())
+        free = shutil.disk_usage(folder).free
+        if free < MIN_FREE_BYTES:
+            raise FtplanError(f"only {free:,} bytes free at {folder}; a calibration trial needs {MIN_FREE_BYTES:,} "
+                              "for its logs and record: free space and run again to resume")
+
+
 def _run_one(setting: Setting, arch_hash: str, batch: int, plan: CalibrationPlan) -> dict:
     measured_elsewhere = claim_trial(plan, setting, arch_hash, batch)
     if measured_elsewhere is not None:
         return measured_elsewhere
+    check_free_space(plan)
     spec = TrialSpec(setting, batch, plan.device, plan.steps, plan.warmup_steps)
     started = time.time()
     outcome = run_trial(spec, plan.timeout, plan.trial_command, plan.log_dir)
@@ -186,7 +206,7 @@ def _run_one(setting: Setting, arch_hash: str, batch: int, plan: CalibrationPlan
 
 
 CLAIM_POLL_SECONDS = 0.2
-_held_claims: list[int] = []  # the claim of the trial this process ran last, held until its record is in the file
+_held_claims: list[tuple[int, Path]] = []  # the claim of the trial this process ran last, held until its record is in
 
 
 def claim_trial(plan: CalibrationPlan, setting: Setting, arch_hash: str, batch: int) -> dict | None:
@@ -194,39 +214,81 @@ def claim_trial(plan: CalibrationPlan, setting: Setting, arch_hash: str, batch: 
 
     Two calibrations of one output file used to run every shared trial twice, contending for the
     device. The claim is an exclusive lock on a sidecar file, held from before the trial until this
-    process claims its next one or exits (its record is appended by then); the kernel drops it when
-    the process dies. While another process holds it, this one waits for that trial's record; a
-    lock that comes free without one means that process died, and the trial is run here.
+    process claims its next one or ends (its record is appended by then), and the file is removed then;
+    the kernel drops the lock when the process dies. While another process holds it, this one waits for
+    that trial's record; a lock that comes free without one means that process died, and the trial is
+    run here.
     """
     _release_claims()
-    try:
-        path = _claim_path(plan, setting, arch_hash, batch)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:  # nowhere to put claims (a read-only folder beside a writable file): run unclaimed
-        return None
+    path = _claim_path(plan, setting, arch_hash, batch)
     while True:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # the folder was removed as it emptied: make it again
+            continue
+        except OSError:  # nowhere to put claims (a read-only folder beside a writable file): run unclaimed
+            return None
         locked = _try_lock(fd)
+        if locked and not _is_current(fd, path):  # its last holder removed it after this process opened it
+            os.close(fd)
+            continue
         measured = _measured(plan, setting, arch_hash, batch)
-        if measured is not None or locked:
-            break
-        time.sleep(CLAIM_POLL_SECONDS)
-    if measured is not None:
+        if locked and measured is None:
+            _held_claims.append((fd, path))
+            return None
+        if locked:
+            _remove_claim(path)
         os.close(fd)
-        return measured
-    _held_claims.append(fd)
-    return None
+        if measured is not None:
+            return measured
+        time.sleep(CLAIM_POLL_SECONDS)
 
 
 def _release_claims() -> None:
     while _held_claims:
-        os.close(_held_claims.pop())
+        fd, path = _held_claims.pop()
+        _remove_claim(path)
+        os.close(fd)
+
+
+def remove_stale_claims(plan: CalibrationPlan) -> None:
+    """Remove the claim files a killed calibration left (no process holds their lock), and the folder once empty."""
+    folder = _claims_folder(plan)
+    for path in folder.glob("*.lock") if folder.is_dir() else ():
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        if _try_lock(fd) and _is_current(fd, path):
+            _remove_claim(path)
+        os.close(fd)
+
+
+def _remove_claim(path: Path) -> None:
+    """Remove a claim file; called holding its lock, so whoever opened it meanwhile sees it is no longer current."""
+    try:
+        os.unlink(path)
+        os.rmdir(path.parent)
+    except OSError:  # already gone, or other claims are in the folder
+        pass
+
+
+def _is_current(fd: int, path: Path) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except OSError:
+        return False
+
+
+def _claims_folder(plan: CalibrationPlan) -> Path:
+    out = Path(plan.out)
+    return out.with_name(f"{out.name}.claims")
 
 
 def _claim_path(plan: CalibrationPlan, setting: Setting, arch_hash: str, batch: int) -> Path:
     trial = json.dumps([plan.machine_id, plan.device, setting.key(), arch_hash, batch])
-    out = Path(plan.out)
-    return out.with_name(f"{out.name}.claims") / f"{hashlib.sha256(trial.encode()).hexdigest()[:24]}.lock"
+    return _claims_folder(plan) / f"{hashlib.sha256(trial.encode()).hexdigest()[:24]}.lock"
 
 
 def _try_lock(fd: int) -> bool:

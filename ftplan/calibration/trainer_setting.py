@@ -18,6 +18,7 @@ from ftplan.core.architecture import (
     available_architectures,
     load_architecture,
 )
+from ftplan.core.paths import file_name_part
 
 
 def setting_fields(args, model, model_id: str) -> dict:
@@ -100,7 +101,7 @@ def run_architecture(model, config_dir: Path) -> Architecture:
         shipped = load_architecture(arch_id)
         if shipped.shape == candidate.shape:
             return shipped
-    path = (config_dir / f"ftplan-{config['model_type']}-{candidate.hash}.json").resolve()
+    path = (config_dir / f"ftplan-{file_name_part(config.get('model_type'))}-{candidate.hash}.json").resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(config, indent=2, sort_keys=True, default=str) + "\n")
     arch = load_architecture(str(path))

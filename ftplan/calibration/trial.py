@@ -16,13 +16,13 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
 
 from ftplan.calibration import measure
 from ftplan.calibration.deepspeed_config import deepspeed_config
+from ftplan.calibration.scratch import trial_folder
 from ftplan.core import recipe
 from ftplan.core.architecture import load_architecture
 from ftplan.core.settings import Setting
@@ -294,8 +294,8 @@ def run_trial(spec: dict) -> dict:
     model, arch = build_model(setting, device)
     timer = step_timer(device, warmup, steps)
     most_steps = max(warmup, MAX_WARMUP_STEPS) + steps  # the timer stops training once its steps are measured
-    with tempfile.TemporaryDirectory(prefix="ftplan-trial-") as output_dir:
-        args = training_arguments(setting, micro_batch, most_steps, device, output_dir)
+    with trial_folder() as output_dir:
+        args = training_arguments(setting, micro_batch, most_steps, device, str(output_dir))
         rows = micro_batch * world * (most_steps + MIXED_BATCHES)
         dataset = RandomRows(row_lengths(setting, micro_batch * world, rows), arch.vocab)
         trainer = ordered_trainer()(model=model, args=args, train_dataset=dataset, data_collator=data_collator(setting),

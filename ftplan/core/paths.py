@@ -5,6 +5,7 @@ importlib.resources so a plain `pip install .` or a wheel carries it; $FTPLAN_DA
 """
 
 import os
+import re
 from importlib.resources import files
 from pathlib import Path
 
@@ -21,3 +22,10 @@ def architectures_dir() -> Path:
 
 def calibrations_dir() -> Path:
     return data_dir() / "calibrations"
+
+
+def file_name_part(name: object, limit: int = 64) -> str:
+    """A name read from a user's file or host (a config's model_type, a machine id) made safe as part of a
+    file name: anything but letters, digits, '_', '-' and inner dots becomes '_', so '../' or '/' in it can
+    never place a file outside its folder."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", str(name))[:limit].lstrip(".") or "_"

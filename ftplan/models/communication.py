@@ -156,6 +156,7 @@ def links_from_catalog(intra: str = "nvlink4", inter: str = "cloud", host: str =
 
 
 MAX_BANDWIDTH_GBS = 1e7  # as for the GPU catalog: ten thousand times today's fastest links
+MIN_BANDWIDTH_GBS = 1e-6  # 1 kB/s: below it transfer times overflow to infinity (1e-320 ended plan in a traceback)
 _BANDWIDTH = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*([kmgt]?)(b|bit|byte)?(?:/s|ps)?\s*$", re.IGNORECASE)
 _SCALE = {"": 1e9, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
@@ -172,8 +173,8 @@ def parse_bandwidth(text: str) -> float:
     number, prefix, unit = float(match[1]), match[2].lower(), match[3] or ""
     bits = unit.lower() == "bit" or unit == "b"  # Gb/s, Gbit/s are bits; GB/s, GByte/s bytes
     value = number * _SCALE[prefix] / (8 if bits else 1) / GB
-    if not 0 < value <= MAX_BANDWIDTH_GBS:  # 1e309 reads as infinity, and an infinite link prices nothing
-        raise FtplanError(f"bandwidth must be positive and at most {MAX_BANDWIDTH_GBS:g} GB/s, got '{text}'")
+    if not MIN_BANDWIDTH_GBS <= value <= MAX_BANDWIDTH_GBS:  # 1e309 reads as infinity: a link that prices nothing
+        raise FtplanError(f"bandwidth must be between {MIN_BANDWIDTH_GBS:g} and {MAX_BANDWIDTH_GBS:g} GB/s, got '{text}'")
     return value
 
 

@@ -23,6 +23,8 @@ from ftplan.models.communication import (
 
 DEFAULT_GPUS_PER_NODE = 8  # a full cloud or DGX node; `--gpus-per-node 1` for single-GPU instances
 _RANGE = re.compile(r"^(\d+)\.\.(\d+)$")
+MAX_GPU_COUNTS = 32  # each count is a whole setup search (about a second): 200 listed ran over 300 s
+MAX_COUNT_DIGITS = 40  # far above any cluster; int() of 4,301 digits raises, and doubling to them takes forever
 
 
 def parse_gpu_counts(text: str) -> list[int]:
@@ -31,17 +33,26 @@ def parse_gpu_counts(text: str) -> list[int]:
     counts: set[int] = set()
     for part in (p.strip() for p in text.split(",")):
         match = _RANGE.match(part)
-        if match:
+        if match and max(len(match[1]), len(match[2])) <= MAX_COUNT_DIGITS:
             start, end = int(match[1]), int(match[2])
             if start < 1 or end < start:
                 raise FtplanError(f"GPU range '{part}' must go up from at least 1, e.g. 1..128")
-            counts.update(start * 2**i for i in range(int(math.log2(end / start)) + 1))
+            doublings = (end // start).bit_length()  # exact: a float's log2 overflowed at 1..1e400
+            _check_how_many(doublings)
+            counts.update(start * 2**i for i in range(doublings))
             counts.add(end)
-        elif part.isdigit() and int(part) >= 1:
+        elif part.isdigit() and len(part) <= MAX_COUNT_DIGITS and int(part) >= 1:
             counts.add(int(part))
         else:
-            raise FtplanError(f"cannot read GPU count '{part}' in '{text}': give e.g. 8, 1,2,4,8 or 1..128")
+            raise FtplanError(f"cannot read GPU count '{part[:40]}' in --gpus: give e.g. 8, 1,2,4,8 or 1..128")
+        _check_how_many(len(counts))
     return sorted(counts)
+
+
+def _check_how_many(counts: int) -> None:
+    if counts > MAX_GPU_COUNTS:
+        raise FtplanError(f"more than {MAX_GPU_COUNTS} GPU counts given; at most {MAX_GPU_COUNTS} are planned (each is "
+                          "a whole setup search): give fewer, e.g. a doubling range such as 1..128")
 
 
 def node_layout(gpus: int, gpus_per_node: int) -> tuple[int, int]:

@@ -12,7 +12,7 @@ The CLI commands are thin layers over these functions; nothing here prints.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -107,8 +107,10 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
          dataset: Path | str | None = None, dataset_options: DatasetOptions | None = None,
          text_field: str | None = None, ids_field: str | None = None, tokenizer: Path | str | None = None,
          chars_per_token: float | None = None, allow: Sequence[str] = (), attention: str = "sdpa",
-         alloc_conf: str = "", padding: str = "max_length") -> PlanResult:
-    """Every setup ranked for this run, as `ftplan plan` with the same options (gpus: a count, or '1..64').
+         alloc_conf: str = "", padding: str = "max_length",
+         progress: Callable[[str], None] | None = None) -> PlanResult:
+    """Every setup ranked for this run, as `ftplan plan` with the same options (gpus: a count, or '1..64';
+    progress: told of each count's search as it starts, when there are several).
 
     The run's recipe without a dataset: padding "max_length" pads samples to seq_len with a mask (the
     collator --emit writes); "none" is rows already of exactly seq_len (run_clm-style chunks), which carry
@@ -175,7 +177,7 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
         if dataset_plan is not None:
             dataset_plan = replace(dataset_plan, plan=result_plan)
     else:
-        scaling = plan_gpu_counts(predictor, request, counts, gpus_per_node, extra)
+        scaling = plan_gpu_counts(predictor, request, counts, gpus_per_node, extra, progress)
         result_plan = scaling.plan
     overlap = estimate_overlap(evidence.records, links)
     links_text += f" Overlap of communication with backward: {overlap.overlap:g}; {overlap.source}."

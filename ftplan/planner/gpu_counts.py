@@ -11,6 +11,7 @@ least cost within --max-hours, else the first to finish.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import pandas as pd
@@ -117,13 +118,20 @@ def _above_ideal(row: dict, baseline: dict | None) -> str:
 
 
 def plan_gpu_counts(predictor: Predictor, request: PlanRequest, gpu_counts: list[int], gpus_per_node: int,
-                    extra=()) -> ScalingPlan:
+                    extra=(), progress: Callable[[str], None] | None = None) -> ScalingPlan:
     """Search every count (one GPU always, as the speed-up's baseline) and choose the count to use.
 
     Without a price, cost is counted in GPU-hours, so --max-hours still picks the least wasteful count.
+    progress hears of each count as its search starts: a search takes about a second, and 32 of them
+    in silence look like a hang.
     """
     open_ended = replace(request, max_hours=None)  # the deadline is choose_gpu_count's to apply
-    counts = [plan_at(predictor, open_ended, n, gpus_per_node, extra) for n in sorted({1, *gpu_counts})]
+    searched = sorted({1, *gpu_counts})
+    counts = []
+    for index, n in enumerate(searched, 1):
+        if progress is not None:
+            progress(f"planning at {n} GPU{'s' if n > 1 else ''} ({index} of {len(searched)} counts)")
+        counts.append(plan_at(predictor, open_ended, n, gpus_per_node, extra))
     tables = {kind: scaling_rows(counts, kind) for kind in KINDS}
     asked = [c for c in counts if c.gpus in gpu_counts]
     kinds = list(KINDS) if request.training == "any" else [request.training]

@@ -126,7 +126,8 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
                               safety_margin=safety_margin, context_reserve_gib=context_reserve_gib,
                               host_memory_gib=host_memory_gib, calibrations=calibrations, gpu_specs=gpu_specs,
                               dataset=dataset, dataset_options=options, text_field=text_field, ids_field=ids_field,
-                              tokenizer=tokenizer, chars_per_token=chars_per_token, allow=allow, padding=padding)
+                              tokenizer=tokenizer, chars_per_token=chars_per_token, allow=allow, padding=padding,
+                              progress=lambda text: click.echo(text, err=True))
     finally:  # shown even when the plan fails, in the order they came
         for caught_warning in caught:
             warnings.showwarning(caught_warning.message, caught_warning.category, caught_warning.filename,
