@@ -23,7 +23,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import gammaln
 
 from ftplan.core.errors import FtplanError
 
@@ -117,6 +116,8 @@ def worst_length(lengths: Sequence[int] | np.ndarray, samples_seen: int, confide
 
 def _at_most(i: np.ndarray, n: int, k: int) -> np.ndarray:
     """C(i, k) / C(n, k) for each i (0 where i < k), through log-gamma so large datasets do not overflow."""
+    from scipy.special import gammaln  # here: scipy.special takes longer to import than a plan without a dataset
+
     out = np.zeros(len(i))
     ok = i >= k
     out[ok] = np.exp(gammaln(i[ok] + 1) - gammaln(i[ok] - k + 1) - gammaln(n + 1) + gammaln(n - k + 1))

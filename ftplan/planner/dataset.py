@@ -15,11 +15,14 @@ import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from ftplan.core.errors import FtplanError
+
+if TYPE_CHECKING:  # pandas loads when a dataset is read: a plan without one never needs it
+    import pandas as pd
 
 # English prose through a modern BPE vocabulary runs at about 4 characters per token (OpenAI's rule of
 # thumb for its tokenizers; Llama-3's 128k vocabulary lands close to it). Code and other languages differ.
@@ -122,6 +125,8 @@ def _where(lines: list[int] | None, row: int) -> str:
 
 def read_table(path: Path) -> pd.DataFrame:
     """The dataset's rows as a DataFrame, by file suffix, or a `save_to_disk` folder."""
+    import pandas as pd
+
     if not path.exists():
         raise FtplanError(f"dataset {path} does not exist")
     if path.is_dir():
@@ -153,6 +158,8 @@ def read_table(path: Path) -> pd.DataFrame:
 def _read_jsonl(path: Path) -> pd.DataFrame:
     """JSON Lines read a line at a time (gzip as it decompresses): a bad line is skipped with a warning naming its line, up to BAD_LINE_WARNINGS of them, and the
     text read is bounded (a 1.5 MB gzip once decompressed into 4.7 GB of memory)."""
+    import pandas as pd
+
     rows, lines, bad, read = [], [], 0, 0
     opener = gzip.open if path.suffix.lower() == ".gz" else open
     with opener(path, "rb") as stream:

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from ftplan.core.errors import FtplanError
 from ftplan.core.units import GIB
 from ftplan.models.eta import format_duration
 from ftplan.models.scaling import choose_gpu_count, node_layout
 from ftplan.planner.search import Plan, PlanRequest, Predictor, SetupPlan, make_plan
+
+if TYPE_CHECKING:  # pandas loads with the first count search: a one-GPU plan never needs it
+    import pandas as pd
 
 KINDS = {"full": "full fine-tuning", "lora": "LoRA"}
 
@@ -83,6 +85,8 @@ def _row(count: CountPlan, setup: SetupPlan) -> dict:
 def scaling_rows(counts: list[CountPlan], kind: str) -> pd.DataFrame:
     """One row per count where `kind` fits; speed-up and efficiency against its best one-GPU setup
     (NaN when that kind does not fit on one GPU)."""
+    import pandas as pd
+
     table = pd.DataFrame([_row(c, best) for c in counts if (best := c.best(kind)) is not None], columns=COLUMNS)
     one = table.loc[table["gpus"] == 1]
     base = one["samples_per_second"].iloc[0] if not one.empty else math.nan
@@ -122,6 +126,8 @@ def plan_gpu_counts(predictor: Predictor, request: PlanRequest, gpu_counts: list
 
     Without a price, cost is counted in GPU-hours, so --max-hours still picks the least wasteful count.
     """
+    import pandas as pd
+
     open_ended = replace(request, max_hours=None)  # the deadline is choose_gpu_count's to apply
     counts = [plan_at(predictor, open_ended, n, gpus_per_node, extra) for n in sorted({1, *gpu_counts})]
     tables = {kind: scaling_rows(counts, kind) for kind in KINDS}
