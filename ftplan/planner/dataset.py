@@ -90,18 +90,26 @@ def _replayed_warnings() -> Iterator[list[warnings.WarningMessage]]:
 
 def _lengths_key(path: Path, text_field: str | None, ids_field: str | None, tokenizer: Path | str | None,
                  chars_per_token: float) -> str | None:
-    """Digest of what the lengths depend on; None (not cached) unless the data and the tokenizer are regular
-    files of a size ftplan reads, so a folder, a FIFO or a file to refuse takes the ordinary path."""
+    """Digest of what the lengths depend on (the tokenizers library's version too: it does the counting); None
+    (not cached) unless the data and the tokenizer are regular files of a size ftplan reads and the library is
+    installed, so a folder, a FIFO or a file to refuse takes the ordinary path and its error."""
     files = [path] if tokenizer is None else [path, _tokenizer_file(Path(tokenizer))]
     try:
+        library = None if tokenizer is None else _tokenizers_version()
         if not all(f.is_file() for f in files) or path.stat().st_size > MAX_DATASET_BYTES:
             return None
         digests = [lengths_cache.file_digest(f) for f in files]
-    except OSError:
+    except (OSError, ImportError):
         return None
     code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
-    return json.dumps([digests, text_field, ids_field, None if tokenizer is None else str(tokenizer),
+    return json.dumps([digests, text_field, ids_field, None if tokenizer is None else str(tokenizer), library,
                        chars_per_token, code])
+
+
+def _tokenizers_version() -> str:
+    import tokenizers
+
+    return tokenizers.__version__
 
 
 def _count_lengths(path: Path, text_field: str | None, ids_field: str | None, tokenizer: Path | str | None,
