@@ -1,12 +1,18 @@
 """How fast `ftplan plan` answers: imports (never torch), reading and fitting the calibrations (cold and from
-the JSON fit cache), the setup search on one GPU and over GPU counts 1..128, and the whole command.
+the JSON fit cache), the setup search on one GPU and over GPU counts 1..128, the Python API call in a fresh
+interpreter, the whole command, and `plan --dataset` over 100,000 rows with a tokenizer (cold, then with the
+token lengths cached).
 
 Run: python benchmarks/planner_speed.py [--model llama-3-8b] [--gpu H200] [--calibrations PATH]
+         [--dataset-source TEXTS.jsonl --tokenizer tokenizer.json]
+The dataset rows are chunks of DATASET_CHUNK_LINES lines of the source's "text" rows (code files, say),
+cycled until there are --dataset-rows of them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+DATASET_CHUNK_LINES = 10
+API_PROBE = "import ftplan; ftplan.plan({model!r}, {dataset_size}, {gpu!r})"
 IMPORT_PROBE = ("import sys, time; t = time.perf_counter(); import {module}; "
                 "print(time.perf_counter() - t, 'torch' in sys.modules)")
 
@@ -56,9 +64,29 @@ def planner_seconds(model: str, gpu: str, calibrations: list[Path], dataset_size
 
 
 def command_seconds(args: list[str], env: dict) -> float:
+    return process_seconds(["-m", "ftplan", *args], env)
+
+
+def process_seconds(args: list[str], env: dict) -> float:
+    """Wall time of a fresh interpreter running args: start-up and imports count, as a user waits for them."""
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "ftplan", *args], check=True, capture_output=True, env=env)
+    subprocess.run([sys.executable, *args], check=True, capture_output=True, env=env)
     return time.perf_counter() - start
+
+
+def write_dataset(source: Path, rows: int, out: Path) -> None:
+    """rows JSONL rows, each DATASET_CHUNK_LINES lines of the source's texts, the texts cycled as needed."""
+    texts = [json.loads(line)["text"] for line in source.read_text().splitlines() if line.strip()]
+    written = 0
+    with out.open("w") as handle:
+        while written < rows:
+            for text in texts:
+                lines = text.splitlines()
+                for start in range(0, len(lines), DATASET_CHUNK_LINES):
+                    if written == rows:
+                        return
+                    handle.write(json.dumps({"text": "\n".join(lines[start:start + DATASET_CHUNK_LINES])}) + "\n")
+                    written += 1
 
 
 def main() -> None:
@@ -67,6 +95,9 @@ def main() -> None:
     parser.add_argument("--gpu", default="H200")
     parser.add_argument("--dataset-size", type=int, default=19692)
     parser.add_argument("--calibrations", type=Path, action="append", default=[])
+    parser.add_argument("--dataset-source", type=Path, help='JSONL whose "text" rows the dataset is cut from')
+    parser.add_argument("--tokenizer", type=Path, help="tokenizer.json (or its folder) for plan --dataset")
+    parser.add_argument("--dataset-rows", type=int, default=100_000)
     args = parser.parse_args()
     for module in ("ftplan.cli.main", "ftplan.cli.commands.plan"):
         seconds, torch_imported = import_seconds(module)
@@ -80,6 +111,22 @@ def main() -> None:
         env = {**os.environ, "FTPLAN_CACHE_DIR": cache}
         print(f"whole command `ftplan {' '.join(plan[:7])}` (fits cached): {command_seconds(plan, env):.2f} s")
         print(f"same with --gpus 1..128: {command_seconds([*plan, '--gpus', '1..128'], env):.2f} s")
+        api = API_PROBE.format(model=args.model, dataset_size=args.dataset_size, gpu=args.gpu)
+        print(f"fresh interpreter `{api}` (fits cached): {process_seconds(['-c', api], env):.2f} s")
+        if args.dataset_source and args.tokenizer:
+            dataset_seconds(args, plan[:3] + plan[5:], env, Path(cache))
+        else:
+            print("plan --dataset: skipped (give --dataset-source and --tokenizer)")
+
+
+def dataset_seconds(args: argparse.Namespace, plan: list[str], env: dict, workdir: Path) -> None:
+    """`ftplan plan --dataset` over the generated rows: cold (nothing of this data cached), then warm."""
+    dataset = workdir / "dataset.jsonl"
+    write_dataset(args.dataset_source, args.dataset_rows, dataset)
+    command = [*plan, "--dataset", str(dataset), "--tokenizer", str(args.tokenizer)]
+    size = f"{args.dataset_rows:,} rows, {dataset.stat().st_size / 2**20:.0f} MiB"
+    print(f"plan --dataset ({size}) --tokenizer, cold: {command_seconds(command, env):.2f} s")
+    print(f"same, warm (token lengths cached): {command_seconds(command, env):.2f} s")
 
 
 if __name__ == "__main__":

@@ -8,16 +8,12 @@ import signal
 import subprocess
 import sys
 import textwrap
+from functools import cache
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("transformers")
-import torch
-from transformers import Trainer, TrainerCallback, TrainingArguments
-
-from ftplan.calibration.callback import SOURCE, FtplanCallback
 from ftplan.calibration.trainer_setting import (
     deepspeed_zero,
     liger_applied,
@@ -33,7 +29,12 @@ SEQ_LEN = 32
 
 @pytest.fixture(autouse=True)
 def one_torch_thread():
-    """Tiny models on a shared 2-core machine run several times faster on one thread than on two."""
+    """Tiny models on a shared 2-core machine run several times faster on one thread than on two. It also skips
+    every test of the files that use it where transformers is missing: they import torch and transformers inside,
+    so collecting the suite loads neither."""
+    pytest.importorskip("transformers")
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -41,6 +42,7 @@ def one_torch_thread():
 
 
 def tiny_model(layers: int | None = None):
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = {k: v for k, v in load_architecture("tiny-llama").config.items() if not k.startswith("_")}
@@ -50,7 +52,9 @@ def tiny_model(layers: int | None = None):
     return LlamaForCausalLM(LlamaConfig(**config))
 
 
-def train(tmp_path: Path, callbacks: list, model=None, micro_batch: int = 2, steps: int = 6, **arguments) -> Trainer:
+def train(tmp_path: Path, callbacks: list, model=None, micro_batch: int = 2, steps: int = 6, **arguments):
+    from transformers import Trainer, TrainingArguments
+
     args = TrainingArguments(**{"output_dir": str(tmp_path / "run"), "per_device_train_batch_size": micro_batch,
                                 "max_steps": steps, "use_cpu": True, "report_to": [], "save_strategy": "no",
                                 "logging_strategy": "no", "disable_tqdm": True, "optim": "adamw_torch", **arguments})
@@ -62,6 +66,8 @@ def train(tmp_path: Path, callbacks: list, model=None, micro_batch: int = 2, ste
 
 def test_lora_run_with_hand_enabled_checkpointing_leaves_one_record_of_its_setting_and_measurements(tmp_path):
     from peft import LoraConfig, get_peft_model
+
+    from ftplan.calibration.callback import SOURCE, FtplanCallback
 
     model = get_peft_model(tiny_model(), LoraConfig(r=4, target_modules=["v_proj", "model.layers.0.self_attn.q_proj"]))
     model.activation_checkpointing_enable({"use_reentrant": False})  # by hand, not through TrainingArguments
@@ -89,6 +95,8 @@ def test_lora_run_with_hand_enabled_checkpointing_leaves_one_record_of_its_setti
 
 
 def test_earlier_runs_calibrate_the_prediction_of_a_later_run(tmp_path, capsys):
+    from ftplan.calibration.callback import FtplanCallback
+
     out = tmp_path / "calibrations.jsonl"
     for batch in (1, 4):
         train(tmp_path, [FtplanCallback(out=out, warmup_steps=1)], micro_batch=batch, steps=3)
@@ -104,20 +112,38 @@ def test_earlier_runs_calibrate_the_prediction_of_a_later_run(tmp_path, capsys):
     assert len(read_records([out])) == 3
 
 
-class RaiseAtStep(TrainerCallback):
-    def __init__(self, step: int, error: BaseException):
-        self.step, self.error = step, error
+def __getattr__(name: str):
+    """RaiseAtStep (`from test_callback import RaiseAtStep`), made on first use: a TrainerCallback subclass needs
+    transformers, which collecting the suite must not import."""
+    if name == "RaiseAtStep":
+        return raise_at_step_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            raise self.error
+
+@cache
+def raise_at_step_class() -> type:
+    from transformers import TrainerCallback
+
+    class RaiseAtStep(TrainerCallback):
+        def __init__(self, step: int, error: BaseException):
+            self.step, self.error = step, error
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == self.step:
+                raise self.error
+
+    return RaiseAtStep
 
 
 def test_uncaught_out_of_memory_is_recorded_once_as_oom(tmp_path):
+    import torch
+
+    from ftplan.calibration.callback import FtplanCallback
+
     out = tmp_path / "calibrations.jsonl"
     callback = FtplanCallback(out=out, warmup_steps=1)
     with pytest.raises(torch.OutOfMemoryError) as raised:
-        train(tmp_path, [callback, RaiseAtStep(3, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"))])
+        train(tmp_path, [callback, raise_at_step_class()(3, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"))])
     assert callback.record is None
     assert not out.exists()  # nothing yet: the user might still catch the exception and go on
     sys.excepthook(raised.type, raised.value, raised.tb)  # what Python does with an uncaught exception
@@ -148,6 +174,8 @@ INTERRUPTED_RUN = textwrap.dedent("""
 
 
 def test_sigterm_mid_run_leaves_exactly_one_valid_record_and_still_terminates(tmp_path):
+    from ftplan.calibration.callback import SOURCE
+
     out = tmp_path / "calibrations.jsonl"
     code = INTERRUPTED_RUN.format(tests=str(REPO / "tests"), tmp=str(tmp_path), out=str(out))
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
@@ -189,6 +217,8 @@ def test_a_model_type_holding_dot_dot_slash_writes_its_config_inside_the_records
 
 
 def test_a_module_from_liger_kernel_marks_the_run_as_liger():
+    import torch
+
     model = tiny_model()
     assert not liger_applied(model)
     norm = type("LigerRMSNorm", (torch.nn.Module,), {"__module__": "liger_kernel.transformers.rms_norm"})
@@ -197,6 +227,8 @@ def test_a_module_from_liger_kernel_marks_the_run_as_liger():
 
 
 def test_a_failing_callback_never_breaks_training(tmp_path, capsys):
+    from ftplan.calibration.callback import FtplanCallback
+
     out = tmp_path / "is-a-directory.jsonl"
     out.mkdir()
     trainer = train(tmp_path, [FtplanCallback(out=out, warmup_steps=1)], steps=3)
@@ -225,8 +257,13 @@ def test_a_run_predicted_not_to_fit_is_warned_about_loudly():
     assert "3 s/optimizer step, about 0:50:00 for the 1000 steps to go" in fits  # 2 micro-batches of 1.5 s per step
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_run_records_the_allocator_peaks_of_the_card(tmp_path):
+    import torch
+
+    from ftplan.calibration.callback import FtplanCallback
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
     out = tmp_path / "calibrations.jsonl"
     train(tmp_path, [FtplanCallback(out=out, warmup_steps=2)], use_cpu=False, bf16=True)
     [record] = read_records([out])

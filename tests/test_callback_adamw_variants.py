@@ -3,15 +3,12 @@ comes from a calibration of the same setting with adamw_torch, as the README say
 
 from __future__ import annotations
 
-import pytest
-
-pytest.importorskip("transformers")
-
-from ftplan.calibration.callback import FtplanCallback
-from tests.test_callback import one_torch_thread, train  # noqa: F401 - autouse fixture
+from tests.test_callback import one_torch_thread, train  # noqa: F401 - autouse fixture; it skips without transformers
 
 
 def test_a_fused_adamw_run_is_predicted_from_the_adamw_torch_calibration(tmp_path, capsys):
+    from ftplan.calibration.callback import FtplanCallback
+
     out = tmp_path / "c.jsonl"
     for batch in (1, 4):
         train(tmp_path, [FtplanCallback(out=out, warmup_steps=1)], micro_batch=batch, steps=3, optim="adamw_torch")

@@ -3,16 +3,13 @@ what was measured, and seq_len= is only the fallback for a model never called wi
 
 from __future__ import annotations
 
-import pytest
-
-pytest.importorskip("transformers")
-
-from ftplan.calibration.callback import FtplanCallback
 from ftplan.store.records import read_records
-from tests.test_callback import SEQ_LEN, one_torch_thread, train  # noqa: F401 - autouse fixture
+from tests.test_callback import SEQ_LEN, one_torch_thread, train  # noqa: F401 - autouse fixture; it skips without transformers
 
 
 def test_a_seq_len_argument_above_the_batches_is_not_recorded_as_measured(tmp_path):
+    from ftplan.calibration.callback import FtplanCallback
+
     out = tmp_path / "c.jsonl"
     callback = FtplanCallback(out=out, warmup_steps=1, seq_len=4096, predict=False)
     train(tmp_path, [callback], steps=3)

@@ -7,46 +7,58 @@ import os
 import socket
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers")
-import torch
-from transformers import Trainer, TrainerCallback
-
-from ftplan.calibration import callback as callback_module
 from ftplan.calibration import measure
-from ftplan.calibration.callback import FtplanCallback
 from ftplan.store.records import read_records
 from tests.test_callback import one_torch_thread, tiny_model, train  # noqa: F401 - one_torch_thread is a fixture
+
+# torch, transformers and the callback are imported inside the tests (one_torch_thread skips them all without
+# transformers), and the TrainerCallback and Trainer subclasses made on first use: collecting must not load them.
 
 REPO = Path(__file__).resolve().parent.parent
 CALLBACK_RANK = REPO / "tests" / "fixtures" / "reliability" / "callback_rank.py"
 CUDA_OOM = "CUDA out of memory. Tried to allocate 2.00 GiB (injected)"
 
 
-class AllocatorCountsAnOomAtStep(TrainerCallback):
-    """As the CUDA allocator does when it raises an OOM that the training code catches and goes on from."""
+@cache
+def allocator_counts_an_oom_at_step() -> type:
+    from transformers import TrainerCallback
 
-    def __init__(self, step: int, stats: dict) -> None:
-        self.step, self.stats = step, stats
+    class AllocatorCountsAnOomAtStep(TrainerCallback):
+        """As the CUDA allocator does when it raises an OOM that the training code catches and goes on from."""
 
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            self.stats["num_ooms"] += 1
+        def __init__(self, step: int, stats: dict) -> None:
+            self.step, self.stats = step, stats
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == self.step:
+                self.stats["num_ooms"] += 1
+
+    return AllocatorCountsAnOomAtStep
 
 
 def test_an_oom_counted_by_the_cuda_allocator_makes_the_record_oom_though_training_went_on(tmp_path, monkeypatch):
+    import torch
+
+    from ftplan.calibration.callback import FtplanCallback
+
     stats = {"num_ooms": 5}  # earlier OOMs of the process (a retry loop's first attempts) do not count
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: dict(stats))
     out = tmp_path / "c.jsonl"
-    train(tmp_path, [FtplanCallback(out=out, warmup_steps=1), AllocatorCountsAnOomAtStep(3, stats)], steps=5)
+    train(tmp_path, [FtplanCallback(out=out, warmup_steps=1), allocator_counts_an_oom_at_step()(3, stats)], steps=5)
     [record] = read_records([out])
     assert record["status"] == "oom" and "out of memory" in record["message"], record["message"]
 
 
 def test_a_run_whose_allocator_counted_no_new_oom_is_still_ok(tmp_path, monkeypatch):
+    import torch
+
+    from ftplan.calibration.callback import FtplanCallback
+
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {"num_ooms": 5})
     out = tmp_path / "c.jsonl"
     train(tmp_path, [FtplanCallback(out=out, warmup_steps=1)], steps=4)
@@ -56,6 +68,8 @@ def test_a_run_whose_allocator_counted_no_new_oom_is_still_ok(tmp_path, monkeypa
 
 def oom_in_forward_at(model, call: int) -> None:
     """The first decoder layer raises a CUDA OOM on its call-th forward, as a too-large batch does."""
+    import torch
+
     calls = []
 
     def pre_hook(module, args):
@@ -66,19 +80,27 @@ def oom_in_forward_at(model, call: int) -> None:
     model.model.layers[0].register_forward_pre_hook(pre_hook)
 
 
-class SkipOomTrainer(Trainer):
-    """The common "skip the batch that ran out of memory" pattern."""
+@cache
+def skip_oom_trainer() -> type:
+    import torch
+    from transformers import Trainer
 
-    def training_step(self, *args, **kwargs):
-        try:
-            return super().training_step(*args, **kwargs)
-        except torch.OutOfMemoryError:
-            return torch.tensor(0.0)
+    class SkipOomTrainer(Trainer):
+        """The common "skip the batch that ran out of memory" pattern."""
+
+        def training_step(self, *args, **kwargs):
+            try:
+                return super().training_step(*args, **kwargs)
+            except torch.OutOfMemoryError:
+                return torch.tensor(0.0)
+
+    return SkipOomTrainer
 
 
 def test_an_oom_the_training_loop_caught_and_skipped_makes_the_record_oom(tmp_path):
     from transformers import TrainingArguments
 
+    from ftplan.calibration.callback import FtplanCallback
     from ftplan.calibration.trial import RandomTokens
 
     model = tiny_model()
@@ -86,13 +108,17 @@ def test_an_oom_the_training_loop_caught_and_skipped_makes_the_record_oom(tmp_pa
     out = tmp_path / "c.jsonl"
     args = TrainingArguments(output_dir=str(tmp_path / "run"), per_device_train_batch_size=2, max_steps=5, use_cpu=True,
                              report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True)
-    SkipOomTrainer(model=model, args=args, callbacks=[FtplanCallback(out=out, warmup_steps=1)],
+    skip_oom_trainer()(model=model, args=args, callbacks=[FtplanCallback(out=out, warmup_steps=1)],
                    train_dataset=RandomTokens(10, 32, 8192)).train()
     [record] = read_records([out])
     assert record["status"] == "oom" and "OutOfMemoryError" in record["message"], record["message"]
 
 
 def test_an_oom_caught_around_train_then_the_process_exiting_is_recorded_oom_not_ok(tmp_path):
+    import torch
+
+    from ftplan.calibration.callback import FtplanCallback
+
     model = tiny_model()
     oom_in_forward_at(model, 4)
     out = tmp_path / "c.jsonl"
@@ -107,6 +133,8 @@ def test_an_oom_caught_around_train_then_the_process_exiting_is_recorded_oom_not
 
 
 def test_a_failure_inside_the_callback_at_a_step_is_reported_and_training_goes_on(tmp_path, monkeypatch, capsys):
+    from ftplan.calibration.callback import FtplanCallback
+
     def broken(device: str) -> None:
         raise OSError("no such device (injected)")
 
@@ -118,6 +146,8 @@ def test_a_failure_inside_the_callback_at_a_step_is_reported_and_training_goes_o
 
 
 def test_an_unwritable_output_never_raises_into_training(tmp_path, capsys):
+    from ftplan.calibration.callback import FtplanCallback
+
     blocker = tmp_path / "a-file"
     blocker.write_text("")  # so the output's folder cannot be made, even by root
     trainer = train(tmp_path, [FtplanCallback(out=blocker / "c.jsonl", warmup_steps=1)], steps=3)
@@ -126,6 +156,8 @@ def test_an_unwritable_output_never_raises_into_training(tmp_path, capsys):
 
 
 def test_the_callback_uses_no_collective():
+    from ftplan.calibration import callback as callback_module
+
     source = Path(callback_module.__file__).read_text()
     assert "torch.distributed" not in source and "all_gather" not in source and "barrier" not in source
 

@@ -14,7 +14,7 @@ from transformers import TrainerCallback
 
 from ftplan.calibration.callback import FtplanCallback
 from ftplan.store.records import read_records
-from tests.test_callback import RaiseAtStep, one_torch_thread, train  # noqa: F401 - autouse fixture
+from tests.test_callback import one_torch_thread, raise_at_step_class, train  # noqa: F401 - autouse fixture; it skips without transformers
 
 
 def users_excepthook(kind, value, traceback):  # stands in for IPython's or a logging library's hook
@@ -36,10 +36,12 @@ def users_handlers():
 
 
 def test_a_caught_failure_then_a_second_train_restores_the_users_sigterm_handler_and_excepthook(tmp_path, users_handlers):
+    from ftplan.calibration.callback import FtplanCallback
+
     out = tmp_path / "c.jsonl"
     callback = FtplanCallback(out=out, warmup_steps=1, predict=False)
     with pytest.raises(ValueError):
-        train(tmp_path, [callback, RaiseAtStep(3, ValueError("a bug in the user's callback"))], steps=5)
+        train(tmp_path, [callback, raise_at_step_class()(3, ValueError("a bug in the user's callback"))], steps=5)
     train(tmp_path, [callback], steps=3)  # the user fixed it and trained again, in the same process
 
     assert sys.excepthook is users_excepthook

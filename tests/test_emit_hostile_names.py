@@ -17,14 +17,13 @@ from ftplan.planner.emit import TRAINING_ARGS_PY, write_configs
 from ftplan.planner.search import PlanRequest, plan_setup
 from tests.helpers import FakePredictor
 
-pytest.importorskip("transformers")
-
 # closes the docstring, runs a line, reopens it; a backslash and ''' for other quotings; no "/", so it can name a folder
 HOSTILE = 'x"""\nopen("injected", "w").write("ran")\n"""\\\n' + "'''#"
 
 
 @pytest.mark.parametrize("where", ["gpu", "model"])
 def test_a_hostile_name_is_written_as_a_literal_and_importing_the_file_runs_nothing(tmp_path, monkeypatch, where):
+    pytest.importorskip("transformers")  # here, not at import: collecting the suite must not load it
     monkeypatch.chdir(tmp_path)
     model_folder = tmp_path / HOSTILE  # a local model folder, as --model takes it
     model_folder.mkdir()

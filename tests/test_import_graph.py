@@ -66,3 +66,17 @@ def test_the_python_api_loads_neither_click_nor_rich():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                          cwd=PACKAGE.parent).stdout
     assert out.strip() == "[]"
+
+
+HEAVY = {"pandas", "scipy", "sklearn", "torch", "transformers", "click", "rich"}
+
+
+def test_a_plan_from_cached_fits_loads_no_heavy_library():
+    """`import ftplan; ftplan.plan(...)` answers in a fraction of a second only while none of these load: pandas
+    and scipy alone took longer than the plan (benchmarks/planner_speed.py)."""
+    probe = ("import sys, ftplan; ftplan.plan('llama-3-8b', 19692, 'H200'); "
+             f"print(sorted({HEAVY!r} & set(sys.modules)))")
+    subprocess.run([sys.executable, "-c", probe], capture_output=True, check=True, cwd=PACKAGE.parent)  # fits the cache
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         cwd=PACKAGE.parent).stdout
+    assert out.strip() == "[]"

@@ -6,15 +6,16 @@ overrides or extends them. Time transfers between GPUs by these throughputs; mem
 
 from __future__ import annotations
 
+import csv
 import difflib
 import functools
+import io
+import math
 import os
 import stat
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-
-import pandas as pd
 
 from ftplan.core.errors import FtplanError
 from ftplan.core.paths import data_dir
@@ -91,13 +92,13 @@ def host_cpu_spec() -> GpuSpec | None:
 def load_catalog(extra_specs: Path | None = None) -> dict[str, GpuSpec]:
     """GPU specs by canonical name, and this host's CPU as 'cpu'; rows of extra_specs (same CSV columns)
     replace or add cards."""
-    frames = [_read_specs(data_dir() / "gpus.csv")]
+    tables = [_read_specs(data_dir() / "gpus.csv")]
     if extra_specs is not None:
-        frames.append(_read_specs(Path(extra_specs)))
+        tables.append(_read_specs(Path(extra_specs)))
     catalog: dict[str, GpuSpec] = {}
-    for frame in frames:
-        for row in frame.to_dict("records"):
-            spec = GpuSpec(**{k: row[k] for k in GpuSpec.__dataclass_fields__ if k in row and pd.notna(row[k])})
+    for rows in tables:
+        for row in rows:
+            spec = GpuSpec(**{k: row[k] for k in GpuSpec.__dataclass_fields__ if row.get(k) is not None})
             catalog[spec.name] = spec
     cpu = host_cpu_spec()
     if cpu is not None and CPU not in catalog:  # a user's own 'cpu' row wins
@@ -105,27 +106,53 @@ def load_catalog(extra_specs: Path | None = None) -> dict[str, GpuSpec]:
     return catalog
 
 
-def _read_specs(path: Path) -> pd.DataFrame:
-    try:
-        frame = pd.read_csv(_specs_file(path), dtype={c: str for c in TEXT_COLUMNS}, keep_default_na=False,
-                            na_values={c: [""] for c in (*COLUMNS[1:], *OPTIONAL_NUMBER_COLUMNS)})
-    except (OSError, ValueError) as exc:  # ValueError: pandas' parser errors, and bytes that are not UTF-8
-        raise FtplanError(f"cannot read GPU specs {path}: {exc}") from None
-    missing = [c for c in COLUMNS if c not in frame.columns]
+def _read_specs(path: Path) -> list[dict]:
+    """The rows of a specs file, numbers parsed and checked (an empty optional one is None). The csv module,
+    not pandas: the catalog is on every plan's path, and importing pandas took longer than the plan."""
+    header, rows = _csv_table(path)
+    missing = [c for c in COLUMNS if c not in header]
     if missing:
         raise FtplanError(f"GPU specs {path} lack column(s) {', '.join(missing)}")
-    if (frame["name"].str.strip() == "").any():
+    if any(not row["name"].strip() for row in rows):
         raise FtplanError(f"GPU specs {path}: every row needs a name")
-    for column in (*COLUMNS[1:], *(c for c in OPTIONAL_NUMBER_COLUMNS if c in frame.columns)):
-        values = pd.to_numeric(frame[column], errors="coerce")
-        given = frame[column].notna() if column in OPTIONAL_NUMBER_COLUMNS else True
-        if (values.isna() & given).any() or (values <= 0).any():
-            raise FtplanError(f"GPU specs {path}: column {column} must hold positive numbers")
-        if (values > MAX_SPEC_VALUE).any():
-            raise FtplanError(f"GPU specs {path}: column {column} holds a value above {MAX_SPEC_VALUE:.0e}, "
-                              "more than any card has")
-        frame[column] = values
-    return frame
+    for column in (*COLUMNS[1:], *(c for c in OPTIONAL_NUMBER_COLUMNS if c in header)):
+        for row in rows:
+            row[column] = _spec_number(path, column, row[column])
+    return rows
+
+
+def _csv_table(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    """The header and the rows of a CSV file, blank lines skipped and short rows padded with empty cells."""
+    try:
+        with _specs_file(path) as handle:
+            text = handle.read().decode("utf-8-sig")
+        lines = [line for line in csv.reader(io.StringIO(text, newline="")) if line]
+    except (OSError, ValueError, csv.Error) as exc:  # ValueError: bytes that are not UTF-8
+        raise FtplanError(f"cannot read GPU specs {path}: {exc}") from None
+    if not lines:
+        raise FtplanError(f"cannot read GPU specs {path}: no header row")
+    header = lines[0]
+    for number, line in enumerate(lines[1:], 2):
+        if len(line) > len(header):
+            raise FtplanError(f"cannot read GPU specs {path}: row {number} has {len(line)} fields, its header "
+                              f"{len(header)}")
+    return header, [dict(zip(header, [*line, *[""] * (len(header) - len(line))])) for line in lines[1:]]
+
+
+def _spec_number(path: Path, column: str, text: str) -> int | float | None:
+    """A positive number of at most MAX_SPEC_VALUE (an int when written as one); None for an empty optional cell."""
+    if text.strip() == "" and column in OPTIONAL_NUMBER_COLUMNS:
+        return None
+    try:
+        value = int(text) if text.strip().lstrip("+-").isdigit() else float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0:
+        raise FtplanError(f"GPU specs {path}: column {column} must hold positive numbers")
+    if value > MAX_SPEC_VALUE:
+        raise FtplanError(f"GPU specs {path}: column {column} holds a value above {MAX_SPEC_VALUE:.0e}, "
+                          "more than any card has")
+    return value
 
 
 def _specs_file(path: Path):
@@ -143,8 +170,8 @@ def _specs_file(path: Path):
 @functools.lru_cache(maxsize=4)
 def _shipped_aliases(path: Path) -> tuple[tuple[str, str], ...]:
     """(normalised alias, card name) pairs; cached because every calibration record's GPU is looked up."""
-    return tuple((_normalise(alias), row["name"]) for row in _read_specs(path).to_dict("records")
-                 for alias in str(row.get("aliases", "") or "").split(";") if alias)
+    return tuple((_normalise(alias), row["name"]) for row in _read_specs(path)
+                 for alias in (row.get("aliases") or "").split(";") if alias)
 
 
 def aliases_of(name: str) -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import numbers
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 
 from ftplan.core.architecture import ALL_LINEAR_TARGETS
 from ftplan.core.errors import FtplanError
@@ -105,7 +105,9 @@ class Setting:
         return self.zero_stage > 0
 
     def to_dict(self) -> dict:
-        data = asdict(self)
+        """The fields by name, lora_targets as a list. Not dataclasses.asdict: every field is a scalar or a tuple
+        of strings, so its deep copy bought nothing, and a plan turns hundreds of settings into dicts."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["lora_targets"] = list(self.lora_targets)
         return data
 

@@ -98,8 +98,12 @@ def masked_attention_bytes_per_token(arch: Architecture, setting: Setting) -> in
 
 
 def activations_bytes_per_token(arch: Architecture, setting: Setting) -> int:
-    """Bytes all layers hold per token at the start of backward (checkpointing changes what is kept)."""
-    per_layer = [layer_bytes_per_token(arch, setting, i) for i in range(arch.layers)]
+    """Bytes all layers hold per token at the start of backward (checkpointing changes what is kept).
+    Layers differ only in whether they route experts, so each kind is priced once: a plan prices hundreds
+    of settings, and pricing every layer of each was a fifth of its time."""
+    routed = [arch.is_moe_layer(i) for i in range(arch.layers)]
+    kinds = {moe: layer_bytes_per_token(arch, setting, routed.index(moe)) for moe in set(routed)}
+    per_layer = [kinds[moe] for moe in routed]
     if setting.gradient_checkpointing:
         return arch.layers * arch.hidden * stream_bytes(setting) + max(per_layer)
     return sum(per_layer)

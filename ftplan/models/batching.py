@@ -23,7 +23,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import gammaln
 
 from ftplan.core.errors import FtplanError
 
@@ -116,10 +115,15 @@ def worst_length(lengths: Sequence[int] | np.ndarray, samples_seen: int, confide
 
 
 def _at_most(i: np.ndarray, n: int, k: int) -> np.ndarray:
-    """C(i, k) / C(n, k) for each i (0 where i < k), through log-gamma so large datasets do not overflow."""
+    """C(i, k) / C(n, k) for each i in 1..n (0 where i < k): the product of (j - k) / j over j = i+1..n, its logs
+    summed from the top so large datasets do not overflow. Not through scipy's log-gamma: the difference of four
+    log-gammas near 10^7 was off by 1e-8 at two million samples (these sums by 2e-14), and importing
+    scipy.special took longer than planning from cached lengths."""
+    logs = np.log1p(-k / np.arange(k + 1, n + 1, dtype=float))
+    above = np.append(np.cumsum(logs[::-1])[::-1], 0.0)  # above[m]: the log of the product over j > k + m
     out = np.zeros(len(i))
     ok = i >= k
-    out[ok] = np.exp(gammaln(i[ok] + 1) - gammaln(i[ok] - k + 1) - gammaln(n + 1) + gammaln(n - k + 1))
+    out[ok] = np.exp(above[i[ok] - k])
     return out
 
 

@@ -39,6 +39,7 @@ and ZeRO-1/2 all-gather the updated parameters once, after the optimizer step.
 
 from __future__ import annotations
 
+import csv
 import difflib
 import functools
 import math
@@ -46,9 +47,9 @@ import re
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from ftplan.core.errors import FtplanError
 from ftplan.core.paths import data_dir
@@ -110,12 +111,17 @@ class NetworkLink:
     transport: str = "socket"  # nvlink, pcie, rdma or socket (NCCL's TCP transport)
 
 
-def _network_rows() -> list[dict]:
-    path = data_dir() / "networks.csv"
+def _shipped_rows(path: Path, what: str) -> list[dict[str, str]]:
+    """The rows of a shipped CSV as text (the csv module: pandas would double a plan's start-up)."""
     try:
-        return pd.read_csv(path).to_dict("records")
-    except (OSError, ValueError) as exc:  # ValueError: pandas' parser errors, and bytes that are not UTF-8
-        raise FtplanError(f"cannot read network catalog {path}: {exc}") from None
+        with open(path, newline="", encoding="utf-8") as handle:
+            return list(csv.DictReader(handle))
+    except (OSError, ValueError, csv.Error) as exc:  # ValueError: bytes that are not UTF-8
+        raise FtplanError(f"cannot read {what} {path}: {exc}") from None
+
+
+def _network_rows() -> list[dict]:
+    return _shipped_rows(data_dir() / "networks.csv", "network catalog")
 
 
 def _link(row: dict) -> NetworkLink:
@@ -234,15 +240,12 @@ def describe_layout(gpus_per_node: int, nodes: int) -> str:
 def _socket_fractions() -> tuple[tuple[int, ...], tuple[float, ...]]:
     """(GPUs per node, median fraction of line rate) of the published socket-transport runs, one
     entry per GPUs-per-node count, each as a fraction of the one-GPU-per-node median."""
-    path = data_dir() / "tcp_allreduce.csv"
-    try:
-        rows = pd.read_csv(path)
-    except (OSError, ValueError) as exc:  # ValueError: pandas' parser errors, and bytes that are not UTF-8
-        raise FtplanError(f"cannot read socket-transport measurements {path}: {exc}") from None
-    fraction = (rows["bus_gbit_s_low"] + rows["bus_gbit_s_high"]) / 2 / rows["line_gbit_s"]
-    medians = fraction.groupby(rows["gpus_per_node"]).median()
-    relative = (medians / medians.loc[1]).clip(upper=1.0)
-    return tuple(int(g) for g in relative.index), tuple(float(f) for f in relative)
+    fractions: dict[int, list[float]] = {}
+    for row in _shipped_rows(data_dir() / "tcp_allreduce.csv", "socket-transport measurements"):
+        fractions.setdefault(int(row["gpus_per_node"]), []).append(
+            (float(row["bus_gbit_s_low"]) + float(row["bus_gbit_s_high"])) / 2 / float(row["line_gbit_s"]))
+    medians = {count: statistics.median(values) for count, values in sorted(fractions.items())}
+    return tuple(medians), tuple(min(1.0, m / medians[1]) for m in medians.values())
 
 
 def socket_sharing_factor(gpus_per_node: int) -> float:

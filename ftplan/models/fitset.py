@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
 from datetime import datetime, timezone
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from ftplan.core.errors import FtplanError
@@ -38,11 +38,19 @@ class FitSet:
     def lookup(self, setting: Setting, gpu_name: str) -> SettingFit | None:
         """The fit for this setting on this GPU, if one exists and covers its sequence length; the
         model matches by architecture shape (`Architecture.shape`), not by how its name was typed."""
-        wanted = same_run_key(setting_without_seq_len(setting.to_dict()))
-        for fit in self.fits:
-            if fit.gpu_name == gpu_name and same_run_key(fit.setting) == wanted and fit.covers(setting.seq_len):
+        for fit in self._by_run_key.get((gpu_name, _run_key(setting)), ()):
+            if fit.covers(setting.seq_len):
                 return fit
         return None
+
+    @cached_property
+    def _by_run_key(self) -> dict[tuple[str, str], list[SettingFit]]:
+        """The fits by (GPU name, run key), in file order: one plan looks up hundreds of settings, and keying
+        every fit for each lookup was most of its time."""
+        index: dict[tuple[str, str], list[SettingFit]] = {}
+        for fit in self.fits:
+            index.setdefault((fit.gpu_name, same_run_key(fit.setting)), []).append(fit)
+        return index
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "version": FORMAT_VERSION, "provenance": self.provenance,
@@ -82,6 +90,12 @@ class FitSet:
             raise FtplanError(f"fits file {path}: {exc}") from None
 
 
+@lru_cache(maxsize=4096)
+def _run_key(setting: Setting) -> str:
+    """same_run_key of a setting less its seq_len, kept: the search asks for the same settings again and again."""
+    return same_run_key(setting_without_seq_len(setting.to_dict()))
+
+
 def fit_records(records: list[dict]) -> FitSet:
     """Fit every (setting without seq_len, GPU) group found among the ok/oom records."""
     sources = sorted({str(r["_source"]).rsplit(":", 1)[0] for r in records if r.get("_source")})
@@ -112,6 +126,8 @@ def _close(a, b) -> bool:
 
 
 def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version  # here: only a new fit records it, and it loads email
+
     try:
         return version(package)
     except PackageNotFoundError:

@@ -118,6 +118,14 @@ class Predictor:
         return sorted({str(r.get("alloc_conf", "")) for r in self._records})
 
     @cached_property
+    def _seq_lens(self) -> dict[str, set[int]]:
+        """The calibrated sequence lengths of each model, gathered once: the search asks for them per setting."""
+        lengths: dict[str, set[int]] = {}
+        for record in self._records:
+            lengths.setdefault(record.get("model"), set()).add(record["seq_len"])
+        return lengths
+
+    @cached_property
     def _step_time_cv(self) -> float:
         return step_time_cv(self._records)
 
@@ -226,7 +234,7 @@ class Predictor:
 
     def _other_length(self, setting: Setting, gpu: GpuSpec) -> SettingFit | None:
         """A fit of the same setting at other sequence lengths (one length only; several would cover it)."""
-        lengths = sorted({r["seq_len"] for r in self._records if r.get("model") == setting.model}, key=lambda s: abs(s - setting.seq_len))
+        lengths = sorted(self._seq_lens.get(setting.model, ()), key=lambda s: abs(s - setting.seq_len))
         for length in lengths:
             fit = self._lookup(setting.with_(seq_len=length), gpu)
             if fit is not None:

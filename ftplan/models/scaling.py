@@ -9,8 +9,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import replace
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from ftplan.core.errors import FtplanError
 from ftplan.models.communication import (
@@ -20,6 +19,9 @@ from ftplan.models.communication import (
     data_parallel_step_seconds,
     step_time_cv,
 )
+
+if TYPE_CHECKING:  # the tables are built for GPU-count plans only; a one-GPU plan needs no pandas
+    import pandas as pd
 
 DEFAULT_GPUS_PER_NODE = 8  # a full cloud or DGX node; `--gpus-per-node 1` for single-GPU instances
 _RANGE = re.compile(r"^(\d+)\.\.(\d+)$")
@@ -96,6 +98,8 @@ def scaling_table(single_gpu_seconds: float, gradient_bytes: int, micro_batch: i
 
     single_gpu_seconds is one GPU's optimizer step without communication; micro_batch is per GPU.
     """
+    import pandas as pd
+
     if micro_batch < 1 or gpus_per_node < 1 or not gpu_counts or min(gpu_counts) < 1:
         raise FtplanError("micro-batch, GPUs per node and every GPU count must be positive")
 

@@ -15,8 +15,7 @@ import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from ftplan.core.architecture import load_architecture
 from ftplan.core.errors import FtplanError
@@ -40,6 +39,9 @@ from ftplan.planner.headline import headline
 from ftplan.planner.inputs import Evidence, load_evidence
 from ftplan.planner.search import DEFAULT_LORA_RANKS, Plan, PlanRequest, SetupPlan, make_plan
 from ftplan.planner.verified import mark_verified
+
+if TYPE_CHECKING:  # pandas only for to_frame: importing it cost more than a whole plan
+    import pandas as pd
 
 # Without a dataset: padded to seq_len with a mask (the default collator), or rows already exactly seq_len.
 NO_DATASET_PADDINGS = ("max_length", "none")
@@ -78,6 +80,8 @@ class PlanResult:
 
     def to_frame(self) -> pd.DataFrame:
         """Every setup as a row: fits or not, its largest safe batch, memory, evidence, time and cost."""
+        import pandas as pd
+
         if self.plan is None:
             return pd.DataFrame()
         rows = []

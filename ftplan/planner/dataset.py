@@ -10,16 +10,23 @@ CHARS_PER_TOKEN characters per token, and says so.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import math
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from ftplan.core.errors import FtplanError
+from ftplan.store import lengths_cache
+
+if TYPE_CHECKING:  # pandas loads when a dataset is read: a plan without one never needs it
+    import pandas as pd
 
 # English prose through a modern BPE vocabulary runs at about 4 characters per token (OpenAI's rule of
 # thumb for its tokenizers; Llama-3's 128k vocabulary lands close to it). Code and other languages differ.
@@ -51,8 +58,62 @@ def load_lengths(path: Path | str, text_field: str | None = None, ids_field: str
     With ids_field (or an `input_ids` column and no text_field) the stored ids are counted; otherwise the
     text field (the first of TEXT_FIELDS the data holds) is tokenized with `tokenizer`, or estimated at
     chars_per_token without one. The method says which fields were counted, as the plan prints it.
+    Counted once per content: a file read without a warning has its lengths cached under the digest of
+    its bytes, the tokenizer's and these options, so planning it again skips reading and tokenizing.
     """
     path = Path(path)
+    key = _lengths_key(path, text_field, ids_field, tokenizer, chars_per_token)
+    cached = lengths_cache.load(key) if key else None
+    if cached is not None:
+        return DatasetLengths(np.asarray(cached["lengths"], dtype=np.int64), path, cached["field"],
+                              cached["method"], cached["estimated"])
+    with _replayed_warnings() as caught:
+        read = _count_lengths(path, text_field, ids_field, tokenizer, chars_per_token)
+    if key and not caught:  # a file that warned is read again next time, and warns again
+        lengths_cache.store(key, {"lengths": read.lengths.tolist(), "field": read.field, "method": read.method,
+                                  "estimated": read.estimated})
+    return read
+
+
+@contextmanager
+def _replayed_warnings() -> Iterator[list[warnings.WarningMessage]]:
+    """The warnings raised inside, collected, then shown on the way out (after an error too) as they would have been."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield caught
+    finally:
+        for warning in caught:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+
+
+def _lengths_key(path: Path, text_field: str | None, ids_field: str | None, tokenizer: Path | str | None,
+                 chars_per_token: float) -> str | None:
+    """Digest of what the lengths depend on (the tokenizers library's version too: it does the counting); None
+    (not cached) unless the data and the tokenizer are regular files of a size ftplan reads and the library is
+    installed, so a folder, a FIFO or a file to refuse takes the ordinary path and its error."""
+    files = [path] if tokenizer is None else [path, _tokenizer_file(Path(tokenizer))]
+    try:
+        library = None if tokenizer is None else _tokenizers_version()
+        if not all(f.is_file() for f in files) or path.stat().st_size > MAX_DATASET_BYTES:
+            return None
+        digests = [lengths_cache.file_digest(f) for f in files]
+    except (OSError, ImportError):
+        return None
+    code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    return json.dumps([digests, text_field, ids_field, None if tokenizer is None else str(tokenizer), library,
+                       chars_per_token, code])
+
+
+def _tokenizers_version() -> str:
+    import tokenizers
+
+    return tokenizers.__version__
+
+
+def _count_lengths(path: Path, text_field: str | None, ids_field: str | None, tokenizer: Path | str | None,
+                   chars_per_token: float) -> DatasetLengths:
     frame = read_table(path)
     if frame.empty:
         raise FtplanError(f"{path} holds no samples")
@@ -122,6 +183,8 @@ def _where(lines: list[int] | None, row: int) -> str:
 
 def read_table(path: Path) -> pd.DataFrame:
     """The dataset's rows as a DataFrame, by file suffix, or a `save_to_disk` folder."""
+    import pandas as pd
+
     if not path.exists():
         raise FtplanError(f"dataset {path} does not exist")
     if path.is_dir():
@@ -153,6 +216,8 @@ def read_table(path: Path) -> pd.DataFrame:
 def _read_jsonl(path: Path) -> pd.DataFrame:
     """JSON Lines read a line at a time (gzip as it decompresses): a bad line is skipped with a warning naming its line, up to BAD_LINE_WARNINGS of them, and the
     text read is bounded (a 1.5 MB gzip once decompressed into 4.7 GB of memory)."""
+    import pandas as pd
+
     rows, lines, bad, read = [], [], 0, 0
     opener = gzip.open if path.suffix.lower() == ".gz" else open
     with opener(path, "rb") as stream:
@@ -236,9 +301,14 @@ def _need_pyarrow(what: str) -> None:
         raise FtplanError(f"reading {what} needs pyarrow (pip install pyarrow), or convert the data to JSONL") from error
 
 
+def _tokenizer_file(tokenizer: Path) -> Path:
+    """The tokenizer.json a --tokenizer names: the file itself, or the one in its folder."""
+    return tokenizer / "tokenizer.json" if tokenizer.is_dir() else tokenizer
+
+
 def _tokenize(texts: list[str], tokenizer: Path) -> np.ndarray:
     """Lengths through the `tokenizers` library, special tokens included (as a training collator adds them)."""
-    file = tokenizer / "tokenizer.json" if tokenizer.is_dir() else tokenizer
+    file = _tokenizer_file(tokenizer)
     if not file.is_file():
         raise FtplanError(f"no tokenizer.json at {tokenizer} (give a local tokenizer folder or its tokenizer.json)")
     try:
@@ -250,9 +320,10 @@ def _tokenize(texts: list[str], tokenizer: Path) -> np.ndarray:
     except Exception as error:  # the library raises its own exception types for a bad file
         raise FtplanError(f"cannot load tokenizer {file}: {error}") from error
     model.no_truncation()
+    encode = getattr(model, "encode_batch_fast", model.encode_batch)  # tokenizers >= 0.20: the same ids, no offsets
     lengths: list[int] = []
     for start in range(0, len(texts), TOKENIZE_BATCH):
-        lengths.extend(len(e.ids) for e in model.encode_batch(texts[start:start + TOKENIZE_BATCH]))
+        lengths.extend(len(e.ids) for e in encode(texts[start:start + TOKENIZE_BATCH]))
     return np.asarray(lengths, dtype=np.int64)
 
 

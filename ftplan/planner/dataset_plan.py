@@ -143,18 +143,20 @@ def plan_from_lengths(predictor: Predictor, request: PlanRequest, lengths: Itera
                              dataset_size=shape.rows)
     plan = make_plan(predictor, memory_request, [s.with_(seq_len=shape.memory_length, padding=padding) for s in extra])
 
+    # Shared by every setup: each asks for the same few batches, and a batching of 100,000 lengths sorts them.
+    cache: dict[tuple[int, int, int], Batching] = {}
+
     def setup_batching(setup: SetupPlan) -> tuple[SetupPlan, SetupBatching]:
         setting, gpu = setup.setting, request.gpu
-        cache: dict[tuple[int, int], Batching] = {}
 
         def shape_at(batch: int, accumulation: int = 1) -> Batching:
             if options.strategy in ("pad", "pack"):  # rows and lengths do not depend on the batch
                 return replace(shape, micro_batch=batch, world_size=setting.world_size)
-            if (batch, accumulation) not in cache:
-                cache[batch, accumulation] = batching(
-                    options.strategy, limited.lengths, batch, setting.world_size, accumulation,
-                    options.pack_length, request.epochs, options.confidence)
-            return cache[batch, accumulation]
+            key = (batch, accumulation, setting.world_size)
+            if key not in cache:
+                cache[key] = batching(options.strategy, limited.lengths, batch, setting.world_size, accumulation,
+                                      options.pack_length, request.epochs, options.confidence)
+            return cache[key]
 
         def step_seconds(batch: int, accumulation: int = 1) -> float:
             length = max(1, round(shape_at(batch, accumulation).time_length))

@@ -13,14 +13,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from ftplan.core.errors import FtplanError
 from ftplan.core.units import GIB
 from ftplan.models.eta import format_duration
 from ftplan.models.scaling import choose_gpu_count, node_layout
 from ftplan.planner.search import Plan, PlanRequest, Predictor, SetupPlan, make_plan
+
+if TYPE_CHECKING:  # pandas loads with the first count search: a one-GPU plan never needs it
+    import pandas as pd
 
 KINDS = {"full": "full fine-tuning", "lora": "LoRA"}
 
@@ -84,6 +86,8 @@ def _row(count: CountPlan, setup: SetupPlan) -> dict:
 def scaling_rows(counts: list[CountPlan], kind: str) -> pd.DataFrame:
     """One row per count where `kind` fits; speed-up and efficiency against its best one-GPU setup
     (NaN when that kind does not fit on one GPU)."""
+    import pandas as pd
+
     table = pd.DataFrame([_row(c, best) for c in counts if (best := c.best(kind)) is not None], columns=COLUMNS)
     one = table.loc[table["gpus"] == 1]
     base = one["samples_per_second"].iloc[0] if not one.empty else math.nan
@@ -125,6 +129,8 @@ def plan_gpu_counts(predictor: Predictor, request: PlanRequest, gpu_counts: list
     progress hears of each count as its search starts: a search takes about a second, and 32 of them
     in silence look like a hang.
     """
+    import pandas as pd
+
     open_ended = replace(request, max_hours=None)  # the deadline is choose_gpu_count's to apply
     searched = sorted({1, *gpu_counts})
     counts = []
