@@ -172,7 +172,7 @@ class Predictor:
             seconds = _widened(seconds, constants.time_margin)
         elif not exact:  # a relative's fit carries the prior's change: bound it by the prior's own measured error
             allocated = _widened(allocated, constants.memory_margin)
-            reserved = _widened(reserved, constants.reserved_margin)
+            reserved = _widened(reserved, constants.fragmentation_of(setting)[1])
             seconds = _widened(seconds, constants.time_margin)
         wall = fit.observed_limit(seq) if exact else None  # a wall belongs to one card and one setting
         source = (SOURCE_MEASURED if exact and inside and batch in calibrated else SOURCE_INTERPOLATED if inside
@@ -189,10 +189,11 @@ class Predictor:
         if setting.world_size > 1:
             seconds = self._with_communication(setting, gpu, seconds, prior)
             notes.append(self._communication_note(setting))
-        return Prediction(setting, batch, gpu.name,
-                          Estimate(prior.peak_allocated, prior.peak_allocated * (1 + constants.memory_margin)),
-                          Estimate(prior.peak_reserved, prior.peak_reserved * (1 + constants.reserved_margin)),
-                          seconds, SOURCE_PRIOR, notes=tuple(notes))
+        allocated = Estimate(prior.peak_allocated, prior.peak_allocated * (1 + constants.memory_margin))
+        _, margin, worst = constants.fragmentation_of(setting)
+        # the bound: the prior's own error, or the allocated bound with the worst fragmentation seen near capacity
+        reserved = Estimate(prior.peak_reserved, max(prior.peak_reserved * (1 + margin), allocated.upper * worst))
+        return Prediction(setting, batch, gpu.name, allocated, reserved, seconds, SOURCE_PRIOR, notes=tuple(notes))
 
     def _evidence(self, setting: Setting, gpu: GpuSpec) -> _Evidence | None:
         """The closest calibrated fit: this GPU first, then any GPU; this setting, then its relatives."""
@@ -310,6 +311,8 @@ def fit_all_constants(records: list[dict], catalog: dict[str, GpuSpec]) -> dict[
         if own.n_records:
             constants[model] = replace(own, memory_margin=max(own.memory_margin, every.memory_margin),
                                        reserved_margin=max(own.reserved_margin, every.reserved_margin),
+                                       checkpointed_reserved_margin=max(own.checkpointed_reserved_margin,
+                                                                        every.checkpointed_reserved_margin),
                                        time_margin=max(own.time_margin, every.time_margin))
     return constants
 

@@ -52,6 +52,8 @@ DEFAULT_CPU_ADAM_SECONDS_PER_PARAM = 8.8e-10
 # measurements (allocated −28%, reserved −34%, time −32%), rounded up.
 DEFAULT_MEMORY_MARGIN = 0.30
 DEFAULT_RESERVED_MARGIN = 0.35
+# Records at or above this share of their card inform the worst fragmentation: the safe batch is decided there.
+NEAR_CAPACITY = 0.5
 DEFAULT_TIME_MARGIN = 0.35
 # AdamW reads weight, gradient and two moments and writes weight and both moments: 7 fp32 arrays.
 ADAM_BYTES_TOUCHED_PER_PARAM = 28
@@ -309,9 +311,25 @@ class PriorConstants:
     cpu_adam_seconds_per_param: float = DEFAULT_CPU_ADAM_SECONDS_PER_PARAM
     memory_margin: float = DEFAULT_MEMORY_MARGIN
     reserved_margin: float = DEFAULT_RESERVED_MARGIN
+    # Recomputing checkpointed layers strands more of the cache: on the H200 reserved/allocated reached 1.24-1.32
+    # at the largest batches with checkpointing (Phi-3-mini LoRA, Llama-3.2-3B + Liger), at most 1.11 without.
+    # Without checkpointing the margin (its errors' 95% quantile, 0.29, set by small batches) covers every
+    # record near capacity (at most 0.15 off); with it, it did not (Phi-3-mini left out: 0.15 against 0.23),
+    # so the checkpointed bound also takes the worst ratio seen near capacity.
+    checkpointed_fragmentation: float = DEFAULT_FRAGMENTATION
+    checkpointed_reserved_margin: float = DEFAULT_RESERVED_MARGIN
+    checkpointed_worst_fragmentation: float = DEFAULT_FRAGMENTATION
     time_margin: float = DEFAULT_TIME_MARGIN
     scope: str = "documented defaults (no calibration)"
     n_records: int = 0
+
+    def fragmentation_of(self, setting: Setting) -> tuple[float, float, float]:
+        """(median reserved/allocated ratio, its relative upper margin, the ratio the allocated bound is taken
+        at too; 0 where the margin suffices) for this setting's checkpointing."""
+        if setting.gradient_checkpointing:
+            return (self.checkpointed_fragmentation, self.checkpointed_reserved_margin,
+                    self.checkpointed_worst_fragmentation)
+        return self.fragmentation, self.reserved_margin, 0.0
 
 
 @dataclass(frozen=True)
@@ -336,7 +354,8 @@ def prior_estimate(arch: Architecture, setting: Setting, batch: int, gpu: GpuSpe
     rate = ComputeRate(constants.mfu, constants.loss_bytes_per_logit, 0)
     compute = constants.step_overhead_seconds + batch * rate.seconds_per_sample(arch, setting, gpu)
     optimizer = optimizer_seconds(arch, setting, gpu, constants.cpu_adam_seconds_per_param)
-    return PriorEstimate(allocated, allocated * constants.fragmentation, compute + optimizer, compute, optimizer)
+    return PriorEstimate(allocated, allocated * constants.fragmentation_of(setting)[0], compute + optimizer, compute,
+                         optimizer)
 
 
 @dataclass(frozen=True)
@@ -386,16 +405,37 @@ def fit_constants(records: Iterable[dict], catalog: dict[str, GpuSpec] | None = 
     predicted = _left_out_predictions(terms, observations, features, measured)
     memory_margin = _upper_margin(measured / predicted - 1, DEFAULT_MEMORY_MARGIN)
 
-    has_reserved = np.array([bool(o.reserved) for o in observations])
-    reserved = np.array([float(o.reserved or 0) for o in observations])[has_reserved]
-    fragmentation = float(np.median(reserved / measured[has_reserved])) if has_reserved.any() else DEFAULT_FRAGMENTATION
-    reserved_margin = _upper_margin(reserved / (predicted[has_reserved] * fragmentation) - 1, DEFAULT_RESERVED_MARGIN)
+    reserved = np.array([float(o.reserved or 0) for o in observations])
+    checkpointed = np.array([o.setting.gradient_checkpointing for o in observations])
+    near_capacity = measured >= NEAR_CAPACITY * np.array([o.gpu.memory_bytes for o in observations])
+    pooled = _fragmentation(reserved, measured, predicted, reserved > 0, near_capacity)
+    fragmentation, reserved_margin, _ = _fragmentation(
+        reserved, measured, predicted, (reserved > 0) & ~checkpointed, near_capacity, pooled)
+    checkpointed_fragmentation, checkpointed_reserved_margin, checkpointed_worst_fragmentation = _fragmentation(
+        reserved, measured, predicted, (reserved > 0) & checkpointed, near_capacity, pooled)
 
     time = _time_constants([o for o in observations if o.seconds], _all_ladder_slopes(records))
     return PriorConstants(static_scale=static_scale, sample_scale=sample_scale,
                           liger_sample_scale=liger_sample_scale, fragmentation=fragmentation,
-                          memory_margin=memory_margin, reserved_margin=reserved_margin, scope=scope,
+                          memory_margin=memory_margin, reserved_margin=reserved_margin,
+                          checkpointed_fragmentation=checkpointed_fragmentation,
+                          checkpointed_reserved_margin=checkpointed_reserved_margin,
+                          checkpointed_worst_fragmentation=checkpointed_worst_fragmentation, scope=scope,
                           n_records=len(observations), **time)
+
+
+def _fragmentation(reserved: np.ndarray, allocated: np.ndarray, predicted: np.ndarray, chosen: np.ndarray,
+                   near_capacity: np.ndarray, fallback: tuple[float, float, float] = (
+                       DEFAULT_FRAGMENTATION, DEFAULT_RESERVED_MARGIN, DEFAULT_FRAGMENTATION)) -> tuple[float, float, float]:
+    """The chosen records' median reserved/allocated ratio; the margin covering their reserved memory over the
+    left-out allocated prediction times that ratio; the largest ratio of those near the card's capacity, where
+    the safe batch is decided. The fallback when too few records were chosen."""
+    if chosen.sum() < MIN_RECORDS_TO_FIT:
+        return fallback
+    ratios = reserved[chosen] / allocated[chosen]
+    ratio = float(np.median(ratios))
+    worst = float(np.max(ratios[near_capacity[chosen]], initial=fallback[2]))
+    return ratio, _upper_margin(reserved[chosen] / (predicted[chosen] * ratio) - 1, fallback[1]), worst
 
 
 def _left_out_predictions(terms: list[MemoryTerms], observations: list[_Observation], features: np.ndarray,
