@@ -19,6 +19,7 @@ from pathlib import Path
 from ftplan.core.errors import FtplanError
 from ftplan.core.families import FAMILIES, Family
 from ftplan.core.paths import architectures_dir
+from ftplan.core.structure import Linear, ParamCounts, Structure
 
 MAX_CONFIG_BYTES = 16 * 2**20
 ALL_LINEAR_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -29,44 +30,6 @@ _FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "qkv_bias")
 LARGEST_SIZE = 2**24  # 16M: 100x the largest vocabulary or hidden size of any released model; above it, a typo
 EXPERTS_TARGET = "experts"  # LoRA target name for the router and fused experts (PEFT's target_parameters)
 _PEFT_EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")  # names PEFT remaps onto the fused experts
-MODULE_CLASSES = ("embeddings", "attention", "mlp", "experts", "router", "norms", "lm_head")
-
-
-@dataclass(frozen=True)
-class ParamCounts:
-    """Parameters by module class; q/k norms count as norms, Qwen2-MoE's shared expert as MLP and its
-    gate as router; a tied lm_head is 0 (it is the embedding)."""
-
-    embeddings: int
-    attention: int
-    mlp: int
-    experts: int
-    router: int
-    norms: int
-    lm_head: int
-
-    @property
-    def total(self) -> int:
-        return sum(getattr(self, name) for name in MODULE_CLASSES)
-
-
-@dataclass(frozen=True)
-class Linear:
-    """One nn.Linear inside decoder layer `layer`: what LoRA can adapt (PEFT's all-linear takes them all)."""
-
-    layer: int
-    name: str
-    in_features: int
-    out_features: int
-
-
-@dataclass(frozen=True)
-class Structure:
-    """What a model instantiates: parameters by class and its decoder layers' linear modules."""
-
-    counts: ParamCounts
-    linears: tuple[Linear, ...]
-    source: str  # "analytic" or "meta device"
 
 
 @dataclass(frozen=True)

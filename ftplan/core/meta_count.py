@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from ftplan.core.architecture import MODULE_CLASSES, Linear, ParamCounts, Structure
+from ftplan.core.structure import MODULE_CLASSES, Linear, ParamCounts, Structure
 from ftplan.core.errors import FtplanError
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)$")

@@ -2,20 +2,20 @@
 
 Tokenizing 100,000 rows takes seconds; reading their lengths back, milliseconds. The key is the caller's
 digest of the content of everything the lengths depend on (the data's bytes, the tokenizer's, the fields,
-the counting code), never names or file stamps. The file carries a digest of its own payload: a hand-edited
-or torn one is counted again, never trusted. JSON only (never pickle): a cache file is data.
+the counting code), never names or file stamps. The file is signed for this user (store/signed_files.py): a
+torn, edited or foreign one is counted again, never trusted.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
-from ftplan.store.fit_cache import _digest, _read_bounded, _store, cache_dir
+from ftplan.store.signed_files import cache_dir, read_signed, write_signed
 
 FORMAT = "ftplan-lengths-cache-1"
 READ_CHUNK = 2**20
+MAX_CACHE_BYTES = 256 * 2**20  # 10 million lengths as JSON
 
 
 def file_digest(path: Path) -> str:
@@ -29,16 +29,13 @@ def file_digest(path: Path) -> str:
 
 def load(key: str) -> dict | None:
     """The payload stored under key, or None when there is none or it does not match its digest."""
-    try:
-        data = json.loads(_read_bounded(_path(key)))
-        return data["payload"] if data["digest"] == _digest(data["payload"]) else None
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
-        return None
+    payload = read_signed(_path(key), MAX_CACHE_BYTES)
+    return payload if isinstance(payload, dict) else None
 
 
 def store(key: str, payload: dict) -> None:
     """Write atomically; a read-only or full disk only costs the next plan a recount."""
-    _store(_path(key), {"payload": payload, "digest": _digest(payload)})
+    write_signed(_path(key), payload)
 
 
 def _path(key: str) -> Path:
