@@ -138,3 +138,37 @@ def test_explicit_targets_leave_the_experts_out():
     arch = load_architecture("olmoe-1b-7b")
     attention_only = arch.lora_params(8, ("q_proj", "k_proj", "v_proj", "o_proj"))
     assert arch.lora_params(8) - attention_only == 16 * arch.expert_lora_params_per_layer(8)
+
+
+def test_lora_on_fused_experts_saves_one_merged_copy_of_each_layers_experts():
+    """PEFT's expert LoRA adds B·A to the stacked experts in forward, and the grouped matmul keeps the sum for
+    backward: the tensors shaped like a layer's stacked expert weights that autograd saves are what the prior
+    counts as merged_expert_bytes (under checkpointing only the layer being recomputed holds its copy)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ftplan.core.settings import Setting
+    from ftplan.models.prior import merged_expert_bytes
+
+    arch = load_architecture(str(FIXTURES / "tiny-olmoe.json"))
+    config = AutoConfig.for_model(**{k: v for k, v in arch.config.items() if not k.startswith("_")})
+    model = get_peft_model(AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16),
+                           LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"))
+    stacked = {tuple(p.shape) for n, p in model.named_parameters() if "experts" in n and "lora" not in n}
+    stacked |= {(e, o, i) for e, i, o in stacked}  # the grouped matmul may keep it transposed
+    saved = []
+
+    def pack(tensor):
+        if tuple(tensor.shape) in stacked:
+            saved.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    tokens = torch.randint(0, arch.vocab, (1, 16))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=tokens, labels=tokens)
+    setting = Setting(model=str(FIXTURES / "tiny-olmoe.json"), lora_rank=4, precision="bf16")
+    assert sum(saved) == merged_expert_bytes(arch, setting) > 0
+    one_layer = merged_expert_bytes(arch, setting.with_(gradient_checkpointing=True))
+    assert one_layer * arch.moe_layers == sum(saved)

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ftplan.core.architecture import Architecture, cached_architecture
+from ftplan.core.architecture import EXPERTS_TARGET, Architecture, cached_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import GpuSpec, find_gpu
 from ftplan.core.settings import Setting
-from ftplan.models.activations import liger_lm_head_grad_bytes, peak_bytes_per_token
+from ftplan.models.activations import liger_lm_head_grad_bytes, peak_bytes_per_token, stream_bytes
 from ftplan.models.bytes_per_param import (
     HALF_BYTES,
     frozen_param_bytes,
@@ -98,11 +98,25 @@ def memory_terms(arch: Architecture, setting: Setting) -> MemoryTerms:
     per_token = peak_bytes_per_token(arch, setting)
     gradients = trainable * tb.gradients
     return MemoryTerms(
-        backward_start_static=resident + copies + early_grad + gathered + liger_lm_head_grad_bytes(arch, setting),
+        backward_start_static=resident + copies + early_grad + gathered + liger_lm_head_grad_bytes(arch, setting)
+        + merged_expert_bytes(arch, setting),
         per_sample=per_token * setting.seq_len,
         backward_end=resident + gradients,
         optimizer_step=resident + gradients + trainable * tb.step_temporaries,
     )
+
+
+def merged_expert_bytes(arch: Architecture, setting: Setting) -> float:
+    """The merged expert weights PEFT's LoRA on fused experts keeps for backward: its ParamWrapper adds B·A to
+    each layer's stacked experts in forward, and the grouped matmul saves the sum (a full copy of that layer's
+    expert weights, in the stream's dtype). Every MoE layer's copy lives until backward; under checkpointing one,
+    in the recompute. On the CPU (tests/test_families.py) the saved (experts, in, out) tensors are 1.0× the frozen
+    expert weights; on the H200 OLMoE-1B-7B's static memory is 12 GiB above the count without them, its
+    expert weights 12.0 GiB in bf16."""
+    if not setting.lora_rank or EXPERTS_TARGET not in arch.resolve_lora_targets(setting.lora_targets):
+        return 0.0
+    per_layer = arch.param_counts.experts / arch.moe_layers * stream_bytes(setting)
+    return per_layer * (1 if setting.gradient_checkpointing else arch.moe_layers)
 
 
 def _autocast_copy_params(arch: Architecture, setting: Setting) -> int:
