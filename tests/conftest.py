@@ -1,7 +1,9 @@
-"""Fixtures every test gets: the fit cache lives in this session's temporary folder, never in ~/.cache."""
+"""Fixtures shared by the test files: the fit cache in this session's temporary folder (every test), one torch
+thread for the tiny-model training tests, and the fake calibration trial."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -18,3 +20,23 @@ def fit_cache_in_a_temp_dir(tmp_path_factory):
         del os.environ["FTPLAN_CACHE_DIR"]
     else:
         os.environ["FTPLAN_CACHE_DIR"] = before
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny models on a shared 2-core machine run several times faster on one thread than on two. It also skips
+    the tests that use it where transformers is missing: they import torch and transformers inside, so
+    collecting the suite loads neither. Files of training tests use it for every test (pytestmark)."""
+    pytest.importorskip("transformers")
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def fake_trial(monkeypatch):
+    """Trials run the fake; the returned function sets its behaviour (see tests/fixtures/fake_trial.py)."""
+    return lambda **behaviour: monkeypatch.setenv("FAKE_TRIAL", json.dumps(behaviour))

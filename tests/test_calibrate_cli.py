@@ -20,12 +20,6 @@ from tests.helpers import planned_batch_fits
 FAKE_TRIAL = (sys.executable, str(Path(__file__).parent / "fixtures" / "fake_trial.py"))
 
 
-@pytest.fixture
-def fake_trial(monkeypatch):
-    """Trials run the fake; the returned function sets its behaviour (see tests/fixtures/fake_trial.py)."""
-    return lambda **behaviour: monkeypatch.setenv("FAKE_TRIAL", json.dumps(behaviour))
-
-
 def calibrate(out: Path, *args: str, seq_len: int = 64, trial_command=FAKE_TRIAL):
     """Calibrate the tiny model on the CPU; trial_command None runs the real trial."""
     return CliRunner().invoke(cli, ["calibrate", "--model", "tiny-llama", "--device", "cpu", "--seq-len", str(seq_len),

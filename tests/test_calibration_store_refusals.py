@@ -12,7 +12,7 @@ import pytest
 from ftplan.core.errors import FtplanError
 from ftplan.store.records import append_record
 from tests.helpers import within
-from tests.test_calibrate_cli import calibrate, fake_trial  # noqa: F401 - fixture
+from tests.test_calibrate_cli import calibrate
 
 RECORD = {"schema_version": 1, "kind": "network", "backend": "gloo", "ranks": 2, "latency_s": 1e-5, "bandwidth_gbs": 1.0}
 

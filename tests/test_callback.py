@@ -23,22 +23,10 @@ from ftplan.calibration.trial import RandomTokens
 from ftplan.core.architecture import load_architecture
 from ftplan.store.records import read_records
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # it skips them without transformers
+
 REPO = Path(__file__).resolve().parent.parent
 SEQ_LEN = 32
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models on a shared 2-core machine run several times faster on one thread than on two. It also skips
-    every test of the files that use it where transformers is missing: they import torch and transformers inside,
-    so collecting the suite loads neither."""
-    pytest.importorskip("transformers")
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny_model(layers: int | None = None):

@@ -3,7 +3,11 @@ comes from a calibration of the same setting with adamw_torch, as the README say
 
 from __future__ import annotations
 
-from tests.test_callback import one_torch_thread, train  # noqa: F401 - autouse fixture; it skips without transformers
+import pytest
+
+from tests.test_callback import train
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # it skips them without transformers
 
 
 def test_a_fused_adamw_run_is_predicted_from_the_adamw_torch_calibration(tmp_path, capsys):

@@ -3,8 +3,12 @@ what was measured, and seq_len= is only the fallback for a model never called wi
 
 from __future__ import annotations
 
+import pytest
+
 from ftplan.store.records import read_records
-from tests.test_callback import SEQ_LEN, one_torch_thread, train  # noqa: F401 - autouse fixture; it skips without transformers
+from tests.test_callback import SEQ_LEN, train
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # it skips them without transformers
 
 
 def test_a_seq_len_argument_above_the_batches_is_not_recorded_as_measured(tmp_path):

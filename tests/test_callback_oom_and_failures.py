@@ -14,7 +14,9 @@ import pytest
 
 from ftplan.calibration import measure
 from ftplan.store.records import read_records
-from tests.test_callback import one_torch_thread, tiny_model, train  # noqa: F401 - one_torch_thread is a fixture
+from tests.test_callback import tiny_model, train
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # it skips them without transformers
 
 # torch, transformers and the callback are imported inside the tests (one_torch_thread skips them all without
 # transformers), and the TrainerCallback and Trainer subclasses made on first use: collecting must not load them.

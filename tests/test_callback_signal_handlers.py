@@ -8,13 +8,10 @@ import sys
 
 import pytest
 
-pytest.importorskip("transformers")
-
-from transformers import TrainerCallback
-
-from ftplan.calibration.callback import FtplanCallback
 from ftplan.store.records import read_records
-from tests.test_callback import one_torch_thread, raise_at_step_class, train  # noqa: F401 - autouse fixture; it skips without transformers
+from tests.test_callback import raise_at_step_class, train
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # it skips them without transformers
 
 
 def users_excepthook(kind, value, traceback):  # stands in for IPython's or a logging library's hook
@@ -51,14 +48,17 @@ def test_a_caught_failure_then_a_second_train_restores_the_users_sigterm_handler
     assert second["status"] == "ok" and second["steps_measured"] == 2
 
 
-class HandlersSeen(TrainerCallback):
-    """The process's SIGTERM handler and excepthook as they are in the middle of training."""
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.seen = signal.getsignal(signal.SIGTERM), sys.excepthook
-
-
 def test_handle_interruptions_false_leaves_the_users_handlers_in_place_while_training(tmp_path, users_handlers):
+    from transformers import TrainerCallback
+
+    from ftplan.calibration.callback import FtplanCallback
+
+    class HandlersSeen(TrainerCallback):
+        """The process's SIGTERM handler and excepthook as they are in the middle of training."""
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.seen = signal.getsignal(signal.SIGTERM), sys.excepthook
+
     out = tmp_path / "c.jsonl"
     probe = HandlersSeen()
     train(tmp_path, [FtplanCallback(out=out, warmup_steps=1, predict=False, handle_interruptions=False), probe],

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from ftplan.core.hardware import CPU, GpuSpec
+from ftplan.core.hardware import GpuSpec
 from ftplan.core.settings import Setting
 from ftplan.models.safe_batch import MemoryBudget
 from ftplan.planner.dataset_plan import DatasetOptions, plan_from_lengths

@@ -19,13 +19,12 @@ from typing import TYPE_CHECKING
 
 from ftplan.core.architecture import load_architecture
 from ftplan.core.errors import FtplanError
-from ftplan.core.hardware import find_gpu, load_catalog
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.communication import Links, describe_layout, estimate_overlap
 from ftplan.models.eta import check_samples
 from ftplan.models.prediction import Prediction
-from ftplan.models.scaling import DEFAULT_GPUS_PER_NODE, node_layout, parse_gpu_counts, with_step_time_cv
+from ftplan.models.scaling import DEFAULT_GPUS_PER_NODE, node_layout, parse_gpu_counts
 from ftplan.planner.as_data import plan_to_dict, scaling_to_dict
 from ftplan.planner.dataset_plan import (
     STRATEGY_PADDING,
@@ -36,9 +35,10 @@ from ftplan.planner.dataset_plan import (
 )
 from ftplan.planner.gpu_counts import ScalingPlan, plan_gpu_counts
 from ftplan.planner.headline import headline
-from ftplan.planner.inputs import Evidence, load_evidence
+from ftplan.planner.inputs import Evidence
 from ftplan.planner.search import DEFAULT_LORA_RANKS, Plan, PlanRequest, SetupPlan, make_plan
 from ftplan.planner.verified import mark_verified
+from ftplan.planner.workspace import Workspace
 
 if TYPE_CHECKING:  # pandas only for to_frame: importing it cost more than a whole plan
     import pandas as pd
@@ -150,13 +150,9 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
         padding = STRATEGY_PADDING[(dataset_options or DatasetOptions()).strategy]
     base = Setting(model=model, seq_len=seq_len, padding=padding, attention=attention,
                    alloc_conf=alloc_conf)
-    catalog = load_catalog(Path(gpu_specs) if gpu_specs else None)
-    card = find_gpu(gpu, catalog)
-    evidence = load_evidence(tuple(Path(c) for c in calibrations), catalog)
-    links, links_text = evidence.links(card, intra_node_bandwidth, inter_node_bandwidth)
-    links, spread_text = with_step_time_cv(links, step_time_cv, evidence.records)
-    links_text += f" {spread_text}"
-    predictor = evidence.predictor_with(links)
+    workspace = Workspace.open(gpu, calibrations, gpu_specs, intra_node_bandwidth, inter_node_bandwidth, step_time_cv)
+    evidence, card, links, links_text = workspace.evidence, workspace.card, workspace.links, workspace.links_text
+    predictor = workspace.predictor
     size = dataset_size if dataset is None else dataset_size or 1  # a dataset's own rows replace it
     request = PlanRequest(base=base, dataset_size=size, epochs=epochs, gpu=card,
                           budget=evidence.budget(card, safety_margin, context_reserve_gib),
@@ -201,11 +197,7 @@ def predict(model: str, batch_size: int, gpu: str = "H200", *, calibrations: Seq
         raise FtplanError(f"unknown setting field(s) {', '.join(unknown)}; the fields are those of "
                           "ftplan.core.settings.Setting other than model")
     load_architecture(model)
-    catalog = load_catalog(Path(gpu_specs) if gpu_specs else None)
-    card = find_gpu(gpu, catalog)
-    evidence = load_evidence(tuple(Path(c) for c in calibrations), catalog)
-    links, _ = evidence.links(card)
-    return evidence.predictor_with(links).predict(Setting(model=model, **setting), batch_size, card)
+    return Workspace.open(gpu, calibrations, gpu_specs).predict(Setting(model=model, **setting), batch_size)
 
 
 # Notebook arguments are checked here, as click checks the CLI's: a string or 4.5 reached the arithmetic as a

@@ -19,15 +19,13 @@ from ftplan.cli.commands.plan import host_memory_option
 from ftplan.cli.render import eta_lines, host_line
 from ftplan.core.architecture import load_architecture
 from ftplan.core.errors import EXIT_DOES_NOT_FIT
-from ftplan.core.hardware import find_gpu, load_catalog
 from ftplan.core.units import GIB
 from ftplan.models.communication import describe_layout
 from ftplan.models.eta import estimate_eta
 from ftplan.models.host_memory import host_bytes_per_node, usable_host_bytes
-from ftplan.models.scaling import with_step_time_cv
 from ftplan.planner.as_data import eta_to_dict, prediction_to_dict
-from ftplan.planner.inputs import load_evidence
 from ftplan.planner.search import fits_budget
+from ftplan.planner.workspace import Workspace
 
 
 @click.command("eta")
@@ -58,16 +56,14 @@ def command(batch_size: int, dataset_size: int, epochs: float, price_per_hour: f
     if price_per_hour is not None and price_per_hour <= 0:
         raise FtplanError(f"price per hour must be positive, got {price_per_hour}")
     host_bytes = host_bytes_per_node(load_architecture(setting.model), setting)
-    catalog = load_catalog(gpu_specs)
-    gpu = find_gpu(gpu_name, catalog)
-    evidence = load_evidence(calibrations, catalog)
-    budget = evidence.budget(gpu, safety_margin, context_reserve_gib)
+    workspace = Workspace.open(gpu_name, calibrations, gpu_specs, intra_node_bandwidth, inter_node_bandwidth,
+                               step_time_cv)
+    gpu = workspace.card
+    budget = workspace.budget(safety_margin, context_reserve_gib)
     host_enough = host_memory_gib is None or host_bytes <= usable_host_bytes(host_memory_gib, budget.margin)
-    links, links_text = evidence.links(gpu, intra_node_bandwidth, inter_node_bandwidth)
-    links, spread_text = with_step_time_cv(links, step_time_cv, evidence.records)
     layout = {"gpus": setting.world_size, "gpus_per_node": setting.gpus, "nodes": setting.nodes,
               "description": describe_layout(setting.gpus, setting.nodes)}
-    prediction = evidence.predictor_with(links).predict(setting, batch_size, gpu)
+    prediction = workspace.predict(setting, batch_size)
     eta = estimate_eta(prediction.seconds_per_step.mean, dataset_size, epochs, batch_size, setting.world_size,
                        price_per_hour)
     fits = fits_budget(prediction, budget) and host_enough
@@ -83,7 +79,7 @@ def command(batch_size: int, dataset_size: int, epochs: float, price_per_hour: f
                f"{dataset_size:,} samples x {epochs:g} epochs")
     click.echo(f"  layout: {layout['description']}")
     if setting.world_size > 1:
-        click.echo(f"  {links_text} {spread_text}")
+        click.echo(f"  {workspace.links_text}")
     host = host_line(host_bytes, host_memory_gib, host_enough)
     for line in eta_lines(prediction, eta, budget) + ([host] if host else []):
         click.echo(f"  {line}")

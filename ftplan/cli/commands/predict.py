@@ -17,14 +17,13 @@ from ftplan.cli.commands.input_options import budget_options, calibrations_optio
 from ftplan.cli.commands.options import setting_from_options, setting_options, step_time_cv_option
 from ftplan.cli.render import memory_verdict
 from ftplan.core.architecture import load_architecture
-from ftplan.core.hardware import GpuSpec, find_gpu, load_catalog
+from ftplan.core.hardware import GpuSpec
 from ftplan.core.units import GIB
 from ftplan.models.communication import describe_layout
 from ftplan.models.prediction import Prediction
 from ftplan.models.safe_batch import MemoryBudget, proven_batch
-from ftplan.models.scaling import with_step_time_cv
-from ftplan.planner.inputs import load_evidence
 from ftplan.planner.search import fits_budget
+from ftplan.planner.workspace import Workspace
 
 DEFAULT_GPU = "H200"  # the card the shipped calibrations were measured on
 
@@ -46,13 +45,11 @@ def command(batch_size: int, gpu_name: str, gpu_specs: Path | None, intra_node_b
     """Predicted peak allocated and reserved memory per GPU and seconds per optimizer step."""
     setting = setting_from_options(options)
     load_architecture(setting.model)  # an unknown model fails here, with close names, before any fitting
-    catalog = load_catalog(gpu_specs)  # the user's cards also name the cards their records were measured on
-    gpu = find_gpu(gpu_name, catalog)
-    evidence = load_evidence(calibrations, catalog)
-    links, links_text = evidence.links(gpu, intra_node_bandwidth, inter_node_bandwidth)
-    links, spread_text = with_step_time_cv(links, step_time_cv, evidence.records)
-    prediction = evidence.predictor_with(links).predict(setting, batch_size, gpu)
-    budget = evidence.budget(gpu, safety_margin, context_reserve_gib)
+    workspace = Workspace.open(gpu_name, calibrations, gpu_specs, intra_node_bandwidth, inter_node_bandwidth,
+                               step_time_cv)
+    gpu = workspace.card
+    prediction = workspace.predict(setting, batch_size)
+    budget = workspace.budget(safety_margin, context_reserve_gib)
     layout = describe_layout(setting.gpus, setting.nodes)
     if as_json:
         click.echo(json.dumps({**prediction_to_dict(prediction, gpu, budget),
@@ -62,7 +59,7 @@ def command(batch_size: int, gpu_name: str, gpu_specs: Path | None, intra_node_b
         console = Console()
         console.print(f"layout: {layout}")
         if setting.world_size > 1:
-            console.print(f"{links_text} {spread_text}")
+            console.print(workspace.links_text)
         print_prediction(prediction, gpu, budget, console)
 
 
