@@ -84,3 +84,23 @@ def test_undecodable_dataset_csv_is_one_line(tmp_path):
         warnings.simplefilter("error")
         with pytest.raises(FtplanError, match="cannot read"):
             load_lengths(data)
+
+
+ROWS = [{"text": "w" * (40 + 4 * i)} for i in range(50)]
+
+
+@pytest.mark.parametrize("document", [ROWS, {"text": [r["text"] for r in ROWS]}, {"data": ROWS}],
+                         ids=["rows", "columns", "one key holding the rows"])
+@pytest.mark.parametrize("indent", [None, 2], ids=["one line", "indented"])
+def test_a_json_document_is_read_as_json_dump_wrote_it_on_one_line_or_indented(tmp_path, document, indent):
+    data = tmp_path / "d.json"
+    data.write_text(json.dumps(document, indent=indent))  # pandas' JSON Lines reader once took 1 row or 50 columns
+    assert load_lengths(data).lengths.tolist() == [10 + i for i in range(50)]
+
+
+def test_a_json_file_of_one_object_a_line_is_json_lines_and_a_list_of_numbers_is_refused(tmp_path):
+    assert load_lengths(_jsonl(tmp_path / "d.json", ROWS)).lengths.tolist() == [10 + i for i in range(50)]
+    numbers = tmp_path / "n.json"
+    numbers.write_text("[1, 2, 3]")
+    with pytest.raises(FtplanError, match="not all objects"):
+        load_lengths(numbers)

@@ -198,10 +198,7 @@ def read_table(path: Path) -> pd.DataFrame:
         if suffix in (".jsonl", ".jsonl.gz", ".ndjson"):
             return _read_jsonl(path)
         if suffix in (".json", ".json.gz"):
-            try:
-                return pd.read_json(path, lines=True)
-            except ValueError:
-                return pd.read_json(path)
+            return _read_json(path)
         if suffix in (".csv", ".csv.gz", ".tsv"):
             # an empty cell is empty text, and 'NA' or 'null' are words, not missing values
             return pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", keep_default_na=False)
@@ -211,6 +208,39 @@ def read_table(path: Path) -> pd.DataFrame:
     except (OSError, ValueError) as error:  # ValueError: pandas' parser errors, and bytes that are not UTF-8
         raise FtplanError(f"cannot read {path}: {error}") from error
     raise FtplanError(f"{path}: unknown dataset format '{path.suffix}' (JSONL, JSON, CSV, Parquet, or a save_to_disk folder)")
+
+
+def _read_json(path: Path) -> pd.DataFrame:
+    """A .json file: one document (a list of rows, columns of equal length, one row, or one key holding the rows,
+    as `json.dump` writes them on one line) or, when it holds several, JSON Lines. pandas' JSON Lines reader
+    took a one-line list for 400 columns of one row, and a one-line column object for one sample."""
+    import pandas as pd
+
+    opener = gzip.open if path.suffix.lower() == ".gz" else open
+    with opener(path, "rb") as stream:
+        text = stream.read(MAX_DATASET_BYTES + 1)
+    if len(text) > MAX_DATASET_BYTES:
+        raise FtplanError(f"{path}: over {MAX_DATASET_BYTES // 2**30} GiB of JSON; plan from a sample")
+    try:
+        document = json.loads(text)
+    except RecursionError:
+        raise FtplanError(f"{path}: JSON nested too deeply") from None
+    except ValueError:
+        return _read_jsonl(path)  # several documents, one a line
+    only = next(iter(document.values())) if isinstance(document, dict) and len(document) == 1 else None
+    if isinstance(only, list) and only and all(isinstance(row, dict) for row in only):
+        document = only  # {"data": [rows]} or {"train": [rows]}
+    if isinstance(document, list):
+        if not all(isinstance(row, dict) for row in document):
+            raise FtplanError(f"{path}: a JSON list whose items are not all objects (rows)")
+        return pd.DataFrame(document)
+    if isinstance(document, dict):
+        columns = [len(v) for v in document.values() if isinstance(v, list)]
+        if columns and len(columns) == len(document) and len(set(columns)) == 1:
+            return pd.DataFrame(document)
+        if not columns:
+            return pd.DataFrame([document])
+    raise FtplanError(f"{path}: JSON neither rows (a list of objects) nor columns (lists of one length)")
 
 
 def _read_jsonl(path: Path) -> pd.DataFrame:
