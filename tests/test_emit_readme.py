@@ -42,3 +42,10 @@ def test_the_plans_warnings_are_written_into_the_readme(tmp_path, capsys, monkey
     text = (folder / README).read_text()
     assert warned and "WARNINGS from the plan:" in text
     assert all(w[:60] in text for w in warned)
+
+
+def test_plan_alloc_conf_is_the_emitted_allocator_configuration(tmp_path, capsys, monkeypatch):
+    """The dynamic-padding note says to plan with --alloc-conf; plan once had no such option."""
+    folder, _ = emit(tmp_path, capsys, monkeypatch, "--alloc-conf", "expandable_segments:True")
+    assert "ALLOC_CONF = 'expandable_segments:True'" in (folder / "training_args.py").read_text()
+    assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in (folder / README).read_text()

@@ -94,9 +94,12 @@ host_memory_option = click.option(
               help="Without --dataset: max_length pads every sample to --seq-len with a padding mask (SDPA's masked "
                    "path); none: your rows are already exactly --seq-len tokens (chunked as run_clm's group_texts "
                    "does), so no mask reaches attention.")
+@click.option("--alloc-conf", default="", metavar="CONF",
+              help="PYTORCH_CUDA_ALLOC_CONF the run will set (e.g. expandable_segments:True): setups are predicted "
+                   "from calibrations with it, and --emit writes it.  [default: none, the allocator's default]")
 @click.option("--emit-setup", default=None, metavar="LABEL",
-              help="With --emit: write this ranked setup (its label as the table prints it, e.g. 'ddp lora16 s2048') "
-                   "instead of the recommendation.")
+              help="With --emit: write this ranked setup (its label as the table prints it, e.g. "
+                   "'ddp lora16 s2048 padded') instead of the recommendation.")
 def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name: str, gpu_specs: Path | None,
             gpus: str, gpus_per_node: int, step_time_cv: float | None, intra_node_bandwidth: str | None,
             inter_node_bandwidth: str | None, price_per_hour: float | None, max_hours: float | None, by: str, training: str,
@@ -106,7 +109,7 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
             ids_field: str | None = None, tokenizer: Path | None = None, chars_per_token: float | None = None,
             too_long: str = "truncate", batching_strategy: str = "dynamic", pack_length: int | None = None,
             global_batch: int | None = None, allow: tuple[str, ...] = (), emit_setup: str | None = None,
-            padding: str = "max_length") -> None:
+            padding: str = "max_length", alloc_conf: str = "") -> None:
     """Which setup finishes fastest (or cheapest) on this GPU, with its largest safe batch, ETA and cost;
     with several GPU counts, how full and LoRA fine-tuning scale and which count to use."""
     if dataset is None and dataset_size is None:
@@ -127,7 +130,7 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
                               host_memory_gib=host_memory_gib, calibrations=calibrations, gpu_specs=gpu_specs,
                               dataset=dataset, dataset_options=options, text_field=text_field, ids_field=ids_field,
                               tokenizer=tokenizer, chars_per_token=chars_per_token, allow=allow, padding=padding,
-                              progress=lambda text: click.echo(text, err=True))
+                              alloc_conf=alloc_conf, progress=lambda text: click.echo(text, err=True))
     finally:  # shown even when the plan fails, in the order they came
         for caught_warning in caught:
             warnings.showwarning(caught_warning.message, caught_warning.category, caught_warning.filename,
