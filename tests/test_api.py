@@ -21,9 +21,11 @@ def test_plan_returns_the_recommendation_a_frame_and_the_cli_json(capsys, monkey
 
 
 def test_predict_says_what_its_numbers_rest_on():
-    measured = ftplan.predict("llama-3-8b", 4, "H200", lora_rank=16)  # the shipped H200 calibration ran it
+    measured = ftplan.predict("llama-3-8b", 4, "H200", lora_rank=16, padding="none")  # the shipped H200 ladder ran it
+    padded = ftplan.predict("llama-3-8b", 4, "H200", lora_rank=16)  # padded with a mask, like `ftplan predict`
     far = ftplan.predict("llama-3-8b", 4, "A100-80GB", lora_rank=16, gradient_checkpointing=True)
-    assert measured.evidence == "measured"
+    assert measured.evidence == "measured" and padded.evidence != "measured"
+    assert padded.setting.padding == "max_length" and padded.peak_allocated.mean > measured.peak_allocated.mean
     assert far.evidence != "measured" and far.peak_reserved.upper > far.peak_reserved.mean
 
 

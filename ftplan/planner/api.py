@@ -189,7 +189,8 @@ def predict(model: str, batch_size: int, gpu: str = "H200", *, calibrations: Seq
             gpu_specs: Path | str | None = None, **setting) -> Prediction:
     """Peak memory per GPU and seconds per step of one setting and micro-batch, as `ftplan predict`;
     setting: the Setting fields (seq_len, precision, zero_stage, offload_optimizer, liger, lora_rank,
-    gradient_checkpointing, gpus, nodes, ...)."""
+    gradient_checkpointing, gpus, nodes, ...); padding defaults to "max_length", the padded and masked batches
+    of `ftplan predict` and of plan's emitted collator (padding="none": rows of exactly seq_len)."""
     _check_names(model=model, gpu=gpu)
     _check_integers(batch_size=batch_size)
     unknown = sorted(set(setting) - {f.name for f in fields(Setting)})
@@ -197,7 +198,8 @@ def predict(model: str, batch_size: int, gpu: str = "H200", *, calibrations: Seq
         raise FtplanError(f"unknown setting field(s) {', '.join(unknown)}; the fields are those of "
                           "ftplan.core.settings.Setting other than model")
     load_architecture(model)
-    return Workspace.open(gpu, calibrations, gpu_specs).predict(Setting(model=model, **setting), batch_size)
+    wanted = Setting(model=model, **{"padding": NO_DATASET_PADDINGS[0], **setting})
+    return Workspace.open(gpu, calibrations, gpu_specs).predict(wanted, batch_size)
 
 
 # Notebook arguments are checked here, as click checks the CLI's: a string or 4.5 reached the arithmetic as a
