@@ -99,7 +99,7 @@ def prior_winner_lines(plan: Plan, records: list[dict]) -> list[str]:
                      f"{format_duration(alternative.eta.total_seconds)} ({alternative.best.source})"
                      + (f"; `--emit-setup '{alternative.label}'` emits it" if alternative is not rec else ""))
     seconds = calibration_seconds(rec, [r for r in records if r.get("gpu_name")])
-    took = (f", about {seconds[0] / 60:.0f}-{seconds[1] / 60:.0f} GPU-minutes ({len(DEFAULT_TRIAL_BATCHES) + 1}-"
+    took = (f", about {_minutes(*seconds)} GPU-minutes ({len(DEFAULT_TRIAL_BATCHES) + 1}-"
             f"{len(DEFAULT_TRIAL_BATCHES) + MAX_VERIFY_TRIALS} trials)" if seconds else "")
     lines.append(f"to measure it, run on the {plan.request.gpu.name}: `{calibrate_command(rec.setting)}`{took}"
                  + ("; packing is not calibrated yet, so this measures padded batches" if rec.setting.padding == "packed"
@@ -137,3 +137,9 @@ def headline(plan: Plan | None, records: list[dict], card_of: Callable[[dict], G
     rec = plan.recommended
     used = [r for r in on_card if rec is not None and r.get("model") == rec.setting.model]
     return [*prior_winner_lines(plan, on_card), *version_lines(used)]
+
+
+def _minutes(low_seconds: float, high_seconds: float) -> str:
+    """'2-5', or '2' where both round alike ('2-2' read as a typo)."""
+    low, high = round(low_seconds / 60), round(high_seconds / 60)
+    return f"{low}" if low == high else f"{low}-{high}"
