@@ -12,6 +12,7 @@ The CLI commands are thin layers over these functions; nothing here prints.
 from __future__ import annotations
 
 import numbers
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -131,7 +132,13 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
     _check_integers(dataset_size=dataset_size, seq_len=seq_len, gpus_per_node=gpus_per_node,
                     **({} if isinstance(gpus, str) else {"gpus": gpus}),
                     **{f"lora_ranks[{i}]": rank for i, rank in enumerate(lora_ranks)})
-    load_architecture(model)  # an unknown model fails here, with close names, before any fitting
+    arch = load_architecture(model)  # an unknown model fails here, with close names, before any fitting
+    if "qlora" in allow and arch.experts:
+        experts = arch.param_counts.experts / arch.params_total
+        warnings.warn(f"QLoRA on {model}: bitsandbytes quantizes nn.Linear weights only, and {experts:.0%} of its "
+                      "parameters are fused experts, which stay unquantized and are cast to fp32 by "
+                      "prepare_model_for_kbit_training: its QLoRA setups need more memory than LoRA on a bf16 base",
+                      stacklevel=2)
     if dataset is None and dataset_size is None:
         raise FtplanError("give a dataset size, or a dataset to plan from its token lengths")
     counts = parse_gpu_counts(str(gpus))
