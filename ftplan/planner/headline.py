@@ -1,5 +1,6 @@
 """What a plan must say before its table: a winner the prior alone chose (with the best measured alternative
-and how to measure the winner), and records taken with other library versions than the ones installed here."""
+and how to measure the winner), records taken with other library versions than the ones installed here, and a
+batch so large that the run makes only a few optimizer steps."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ MAX_VERIFY_TRIALS = 3
 UNTIMED_STEPS = 2  # calibrate's --warmup-steps default; warm-up may run longer, so the estimate is a floor
 DEFAULT_MEASURED_STEPS = 4
 COMPARED_PACKAGES = ("torch", "transformers", "peft", "deepspeed", "liger_kernel", "bitsandbytes")
+# Fewer optimizer steps than this in the whole run: the fastest batch is then rarely the one a recipe trains
+# well with (a 374-sample dataset was once planned at micro-batch 374, one step an epoch).
+FEW_OPTIMIZER_STEPS = 20
 
 
 def best_calibrated(plan: Plan) -> SetupPlan | None:
@@ -136,7 +140,17 @@ def headline(plan: Plan | None, records: list[dict], card_of: Callable[[dict], G
     on_card = [r for r in records if card_of(r) == plan.request.gpu]
     rec = plan.recommended
     used = [r for r in on_card if rec is not None and r.get("model") == rec.setting.model]
-    return [*prior_winner_lines(plan, on_card), *version_lines(used)]
+    return [*prior_winner_lines(plan, on_card), *version_lines(used), *few_steps_lines(plan)]
+
+
+def few_steps_lines(plan: Plan) -> list[str]:
+    """A recommendation whose batch leaves the run only a few optimizer steps: say so, and how to choose the batch."""
+    rec = plan.recommended
+    if rec is None or rec.eta.steps >= FEW_OPTIMIZER_STEPS:
+        return []
+    return [f"batch {rec.batch} per GPU leaves {rec.eta.steps} optimizer step{'s' if rec.eta.steps != 1 else ''} in "
+            "the whole run: the fastest batch is not always the one your recipe trains well with; the largest safe "
+            "batch is an upper limit (with --dataset, --global-batch N sets the samples per optimizer step)"]
 
 
 def _minutes(low_seconds: float, high_seconds: float) -> str:
