@@ -132,16 +132,83 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
     _check_integers(dataset_size=dataset_size, seq_len=seq_len, gpus_per_node=gpus_per_node,
                     **({} if isinstance(gpus, str) else {"gpus": gpus}),
                     **{f"lora_ranks[{i}]": rank for i, rank in enumerate(lora_ranks)})
-    arch = load_architecture(model)  # an unknown model fails here, with close names, before any fitting
+    _warn_of_unquantized_experts(model, allow)
+    counts = _checked_counts(str(gpus), dataset_size, epochs, dataset)
+    options = dataset_options or DatasetOptions()
+    base = Setting(model=model, seq_len=seq_len, padding=_run_padding(padding, dataset, options),
+                   attention=attention, alloc_conf=alloc_conf)
+    workspace = Workspace.open(gpu, calibrations, gpu_specs, intra_node_bandwidth, inter_node_bandwidth, step_time_cv)
+    evidence = workspace.evidence
+    request = PlanRequest(base=base, dataset_size=dataset_size if dataset is None else dataset_size or 1,
+                          epochs=epochs, gpu=workspace.card,
+                          budget=workspace.budget(safety_margin, context_reserve_gib),
+                          price_per_gpu_hour=price_per_hour, max_hours=max_hours, by=by, training=training,
+                          lora_ranks=tuple(lora_ranks), host_memory_gib=host_memory_gib, precision=precision,
+                          allow=tuple(allow))  # a dataset's own rows replace dataset_size
+    extra = list(dict.fromkeys(s.with_(padding=base.padding, attention=base.attention)
+                               for s in evidence.calibrated_settings(model)))  # other recipes inform as relatives
+    scaling, dataset_plan, dataset_lines, links_text = None, None, (), workspace.links_text
+    if len(counts) == 1:
+        per_node, nodes = node_layout(counts[0], gpus_per_node)
+        links_text = f"Layout: {describe_layout(per_node, nodes)}. {links_text}"
+        request = replace(request, base=base.with_(gpus=per_node, nodes=nodes))
+        dataset_file = None if dataset is None else DatasetFile(Path(dataset), options, text_field, ids_field,
+                                                                Path(tokenizer) if tokenizer else None, chars_per_token)
+        result_plan, dataset_plan, dataset_lines = _plan_one_count(workspace, request, extra, dataset_file)
+    else:
+        scaling = plan_gpu_counts(workspace.predictor, request, counts, gpus_per_node, extra, progress)
+        result_plan = scaling.plan
+    overlap = estimate_overlap(evidence.records, workspace.links)
+    links_text += f" Overlap of communication with backward: {overlap.overlap:g}; {overlap.source}."
+    return PlanResult(result_plan, scaling, evidence, workspace.links, links_text, evidence.failed_trials(model),
+                      dataset_plan, tuple(dataset_lines), tuple(headline(result_plan, evidence.records, evidence.card_of)))
+
+
+@dataclass(frozen=True)
+class DatasetFile:
+    """A dataset to plan from and how to read and batch it (plan's dataset arguments, together)."""
+
+    path: Path
+    options: DatasetOptions
+    text_field: str | None
+    ids_field: str | None
+    tokenizer: Path | None
+    chars_per_token: float | None
+
+
+def _plan_one_count(workspace: Workspace, request: PlanRequest, extra: list[Setting],
+                    dataset: DatasetFile | None) -> tuple[Plan, DatasetPlan | None, Sequence[str]]:
+    """The plan for one GPU layout: ranked setups, from the dataset's own batches when there is one, with each
+    batch a rehearsal ran inside its budget marked verified."""
+    plan_ = make_plan(workspace.predictor, request, extra)
+    dataset_plan, dataset_lines = None, ()
+    if dataset is not None:
+        dataset_plan, dataset_lines = plan_dataset_file(
+            workspace.predictor, request, dataset.path, dataset.options, dataset.text_field, dataset.ids_field,
+            dataset.tokenizer, extra, dataset.chars_per_token)
+        plan_ = dataset_plan.plan
+    evidence = workspace.evidence
+    plan_ = mark_verified(plan_, evidence.rehearsals, dataset_plan, evidence.card_of)
+    return plan_, (replace(dataset_plan, plan=plan_) if dataset_plan is not None else None), dataset_lines
+
+
+def _warn_of_unquantized_experts(model: str, allow: Sequence[str]) -> None:
+    """QLoRA on a mixture of experts quantizes little: say so before its setups need more memory than bf16 LoRA.
+    Loading the architecture also refuses an unknown model, with close names, before any fitting."""
+    arch = load_architecture(model)
     if "qlora" in allow and arch.experts:
         experts = arch.param_counts.experts / arch.params_total
         warnings.warn(f"QLoRA on {model}: bitsandbytes quantizes nn.Linear weights only, and {experts:.0%} of its "
                       "parameters are fused experts, which stay unquantized and are cast to fp32 by "
                       "prepare_model_for_kbit_training: its QLoRA setups need more memory than LoRA on a bf16 base",
-                      stacklevel=2)
+                      stacklevel=3)
+
+
+def _checked_counts(gpus: str, dataset_size: int | None, epochs: float, dataset: Path | str | None) -> list[int]:
+    """The GPU counts to plan, refused where the run could not give every GPU a sample per step."""
     if dataset is None and dataset_size is None:
         raise FtplanError("give a dataset size, or a dataset to plan from its token lengths")
-    counts = parse_gpu_counts(str(gpus))
+    counts = parse_gpu_counts(gpus)
     if dataset_size is not None:
         check_samples(dataset_size, epochs)
     if dataset_size is not None and max(counts) > dataset_size * epochs:
@@ -149,47 +216,18 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
                           f"per step; use --gpus up to {int(dataset_size * epochs):,}")
     if dataset is not None and len(counts) > 1:
         raise FtplanError("--dataset plans one GPU count at a time; give --gpus N")
+    return counts
+
+
+def _run_padding(padding: str, dataset: Path | str | None, options: DatasetOptions) -> str:
+    """The padding the run's collator applies: the caller's without a dataset, the batching's with one."""
     if padding not in NO_DATASET_PADDINGS:
         raise FtplanError(f"padding must be one of {', '.join(NO_DATASET_PADDINGS)}, got {padding!r}")
-    if dataset is not None and padding != "max_length":
+    if dataset is None:
+        return padding
+    if padding != "max_length":
         raise FtplanError("with a dataset its batching sets the padding; leave padding out")
-    if dataset is not None:
-        padding = STRATEGY_PADDING[(dataset_options or DatasetOptions()).strategy]
-    base = Setting(model=model, seq_len=seq_len, padding=padding, attention=attention,
-                   alloc_conf=alloc_conf)
-    workspace = Workspace.open(gpu, calibrations, gpu_specs, intra_node_bandwidth, inter_node_bandwidth, step_time_cv)
-    evidence, card, links, links_text = workspace.evidence, workspace.card, workspace.links, workspace.links_text
-    predictor = workspace.predictor
-    size = dataset_size if dataset is None else dataset_size or 1  # a dataset's own rows replace it
-    request = PlanRequest(base=base, dataset_size=size, epochs=epochs, gpu=card,
-                          budget=evidence.budget(card, safety_margin, context_reserve_gib),
-                          price_per_gpu_hour=price_per_hour, max_hours=max_hours, by=by, training=training,
-                          lora_ranks=tuple(lora_ranks), host_memory_gib=host_memory_gib, precision=precision,
-                          allow=tuple(allow))
-    extra = list(dict.fromkeys(s.with_(padding=base.padding, attention=base.attention)
-                               for s in evidence.calibrated_settings(model)))  # other recipes inform as relatives
-    failed = evidence.failed_trials(model)
-    scaling, dataset_plan, dataset_lines = None, None, []
-    if len(counts) == 1:
-        per_node, nodes = node_layout(counts[0], gpus_per_node)
-        links_text = f"Layout: {describe_layout(per_node, nodes)}. {links_text}"
-        request = replace(request, base=base.with_(gpus=per_node, nodes=nodes))
-        result_plan = make_plan(predictor, request, extra)
-        if dataset is not None:
-            dataset_plan, dataset_lines = plan_dataset_file(
-                predictor, request, Path(dataset), dataset_options or DatasetOptions(), text_field, ids_field,
-                Path(tokenizer) if tokenizer else None, extra, chars_per_token)
-            result_plan = dataset_plan.plan
-        result_plan = mark_verified(result_plan, evidence.rehearsals, dataset_plan, evidence.card_of)
-        if dataset_plan is not None:
-            dataset_plan = replace(dataset_plan, plan=result_plan)
-    else:
-        scaling = plan_gpu_counts(predictor, request, counts, gpus_per_node, extra, progress)
-        result_plan = scaling.plan
-    overlap = estimate_overlap(evidence.records, links)
-    links_text += f" Overlap of communication with backward: {overlap.overlap:g}; {overlap.source}."
-    return PlanResult(result_plan, scaling, evidence, links, links_text, failed, dataset_plan, tuple(dataset_lines),
-                      tuple(headline(result_plan, evidence.records, evidence.card_of)))
+    return STRATEGY_PADDING[options.strategy]
 
 
 def predict(model: str, batch_size: int, gpu: str = "H200", *, calibrations: Sequence[Path | str] = (),
