@@ -73,3 +73,13 @@ def test_a_recommendation_from_the_prior_alone_is_warned(external, capsys, monke
 def test_plan_module_import_does_not_import_torch():
     probe = "import sys, ftplan.cli.main, ftplan.planner.search, ftplan.cli.plots, ftplan.planner.emit; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_full_and_lora_together_are_refused_and_each_alone_sets_what_is_recommended(capsys, monkeypatch):
+    base = ["plan", "--model", "llama-3.2-1b", "--gpu", "H200", "--dataset-size", "1000"]
+    code, _, err = run_ftplan([*base, "--full", "--lora"], capsys, monkeypatch)
+    assert code == 2 and "--full and --lora contradict each other" in err  # the last one once won silently
+    for flag, full in (("--full", True), ("--lora", False)):
+        code, out, _ = run_ftplan([*base, flag, "--json"], capsys, monkeypatch)
+        assert code == 0
+        assert (json.loads(out)["recommendation"]["setting"]["lora_rank"] == 0) == full

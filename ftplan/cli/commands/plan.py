@@ -38,6 +38,18 @@ host_memory_option = click.option(
          "default: unknown, offload rows only show what they need.")
 
 
+
+TRAINING = "ftplan.training"  # where --any, --full and --lora leave their choice in the click context
+
+
+def _training(ctx: click.Context, choice: str, given: bool) -> None:
+    """Keep the one training choice given; two of --any, --full, --lora were once accepted, the last one winning."""
+    if not given:
+        return
+    chosen = ctx.meta.setdefault(TRAINING, choice)
+    if chosen != choice:
+        raise click.UsageError(f"--{chosen} and --{choice} contradict each other; give one")
+
 @click.command("plan")
 @click.option("--model", required=True, help="Architecture id (see `ftplan models`) or a path to a config.json.")
 @click.option("--dataset-size", type=int, default=None, help="Training samples per epoch (needed without --dataset).")
@@ -57,9 +69,12 @@ host_memory_option = click.option(
 @click.option("--max-hours", type=FINITE_FLOAT, default=None,
               help="Leave out setups that take longer; with several GPU counts, choose the cheapest count that meets it.")
 @click.option("--by", type=click.Choice(["time", "cost"]), default="time", show_default=True, help="Rank by.")
-@click.option("--any", "training", flag_value="any", default=True, help="Recommend full fine-tuning or LoRA (default).")
-@click.option("--full", "training", flag_value="full", help="Recommend among full fine-tuning setups only.")
-@click.option("--lora", "training", flag_value="lora", help="Recommend among LoRA setups only.")
+@click.option("--any", is_flag=True, expose_value=False, callback=lambda ctx, _, given: _training(ctx, "any", given),
+              help="Recommend full fine-tuning or LoRA (default).")
+@click.option("--full", is_flag=True, expose_value=False, callback=lambda ctx, _, given: _training(ctx, "full", given),
+              help="Recommend among full fine-tuning setups only.")
+@click.option("--lora", is_flag=True, expose_value=False, callback=lambda ctx, _, given: _training(ctx, "lora", given),
+              help="Recommend among LoRA setups only.")
 @click.option("--lora-ranks", default=",".join(map(str, DEFAULT_LORA_RANKS)), show_default=True,
               callback=positive_int_list("LoRA ranks"), help="LoRA ranks to consider.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default=None,
@@ -102,7 +117,7 @@ host_memory_option = click.option(
                    "'ddp lora16 s2048 padded') instead of the recommendation.")
 def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name: str, gpu_specs: Path | None,
             gpus: str, gpus_per_node: int, step_time_cv: float | None, intra_node_bandwidth: str | None,
-            inter_node_bandwidth: str | None, price_per_hour: float | None, max_hours: float | None, by: str, training: str,
+            inter_node_bandwidth: str | None, price_per_hour: float | None, max_hours: float | None, by: str,
             lora_ranks: tuple[int, ...], precision: str | None, safety_margin: float | None, context_reserve_gib: float,
             host_memory_gib: float | None, calibrations: tuple[Path, ...], as_json: bool, show_all: bool,
             emit: Path | None, force: bool, dataset: Path | None = None, text_field: str | None = None,
@@ -125,7 +140,8 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
             result = api.plan(model, dataset_size, gpu_name, epochs=epochs, seq_len=seq_len, gpus=gpus,
                               gpus_per_node=gpus_per_node, step_time_cv=step_time_cv, intra_node_bandwidth=intra_node_bandwidth,
                               inter_node_bandwidth=inter_node_bandwidth, price_per_hour=price_per_hour, max_hours=max_hours,
-                              by=by, training=training, lora_ranks=lora_ranks, precision=precision,
+                              by=by, training=click.get_current_context().meta.get(TRAINING, "any"),
+                              lora_ranks=lora_ranks, precision=precision,
                               safety_margin=safety_margin, context_reserve_gib=context_reserve_gib,
                               host_memory_gib=host_memory_gib, calibrations=calibrations, gpu_specs=gpu_specs,
                               dataset=dataset, dataset_options=options, text_field=text_field, ids_field=ids_field,
