@@ -42,3 +42,9 @@ def test_numpy_integers_are_whole_numbers():
 def test_nan_epochs_are_not_positive():
     with pytest.raises(FtplanError, match="epochs must be positive, got nan"):
         ftplan.plan(model="llama-3-8b", dataset_size=100, gpu="H200", epochs=float("nan"))
+
+
+@pytest.mark.parametrize("switch", ["liger", "gradient_checkpointing", "offload_optimizer"])
+def test_a_switch_given_as_a_string_is_refused_not_taken_as_on(switch):
+    with pytest.raises(FtplanError, match=f"{switch} must be True or False, got 'no'"):
+        ftplan.predict("llama-3-8b", 4, "H200", **{switch: "no"})  # "no" is truthy: it once planned Liger on

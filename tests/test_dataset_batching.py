@@ -3,6 +3,7 @@ from a long-tailed dataset that differ (correctly) from the padded-to-max plan."
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -229,3 +230,17 @@ def test_plan_cli_from_a_dataset_prints_the_distribution_and_plans_at_the_longes
     assert "expandable_segments" not in out
     code, out, err = run_ftplan(["plan", "--model", "llama-3.2-1b", "--gpu", "H200"], capsys, monkeypatch)
     assert code != 0 and "--dataset-size" in out + err
+
+
+def test_a_global_batch_or_gpu_count_beyond_the_dataset_is_refused(tmp_path):
+    """8 samples planned as a global batch of 100 (micro-batch 5 × 20) once, an ETA of samples that do not exist."""
+    from ftplan.planner import api
+    from ftplan.planner.dataset_plan import DatasetOptions
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"text": "word " * 50}) + "\n" for _ in range(8)))
+    with pytest.raises(FtplanError, match="a global batch of 100 for the dataset's 8 samples"):
+        api.plan("llama-3.2-1b", gpu="H200", dataset=data, chars_per_token=4.0,
+                 dataset_options=DatasetOptions(global_batch=100))
+    with pytest.raises(FtplanError, match="16 GPUs for the dataset's 8 samples"):
+        api.plan("llama-3.2-1b", gpu="H200", dataset=data, chars_per_token=4.0, gpus=16)

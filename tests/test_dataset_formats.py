@@ -104,3 +104,12 @@ def test_a_json_file_of_one_object_a_line_is_json_lines_and_a_list_of_numbers_is
     numbers.write_text("[1, 2, 3]")
     with pytest.raises(FtplanError, match="not all objects"):
         load_lengths(numbers)
+
+
+def test_a_json_file_of_one_chat_is_one_sample_not_one_per_turn(tmp_path):
+    chat = {"messages": [{"role": "user", "content": "u" * 400}, {"role": "assistant", "content": "a" * 3999}]}
+    data = tmp_path / "chat.json"
+    data.write_text(json.dumps(chat))
+    assert load_lengths(data).lengths.tolist() == [1100]  # as the same chat on a JSONL line
+    data.write_text(json.dumps([chat, chat]))
+    assert load_lengths(data).lengths.tolist() == [1100, 1100]

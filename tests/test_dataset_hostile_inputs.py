@@ -87,3 +87,20 @@ def test_a_gzip_that_decompresses_past_the_limit_is_refused_while_reading(tmp_pa
     assert path.stat().st_size < 2**16
     with pytest.raises(FtplanError, match="plan from a sample"):
         load_lengths(path)
+
+
+def test_millions_of_short_rows_are_refused_before_memory_runs_away(tmp_path, monkeypatch):
+    """14 million short JSON lines (322 MB) took 5.5 GB as rows, one JSON document of them 4.3 GB."""
+    monkeypatch.setattr(dataset, "MAX_DATASET_ROWS", 1000)
+    monkeypatch.setattr(dataset, "MAX_JSON_DOCUMENT_BYTES", 20_000)
+    row = json.dumps({"text": "hello world"})
+    lines = tmp_path / "many.jsonl"
+    lines.write_text((row + "\n") * 1001)
+    with pytest.raises(FtplanError, match="over 1,000 rows; plan from a random sample"):
+        dataset.load_lengths(lines)
+    document = tmp_path / "many.json"
+    document.write_text("[" + ",".join([row] * 1001) + "]")
+    with pytest.raises(FtplanError, match="of one JSON document, which is parsed whole; write it as JSON Lines"):
+        dataset.load_lengths(document)
+    lines.write_text((row + "\n") * 1000)
+    assert len(dataset.load_lengths(lines).lengths) == 1000  # at the limit, read in full

@@ -49,3 +49,11 @@ def test_plan_alloc_conf_is_the_emitted_allocator_configuration(tmp_path, capsys
     folder, _ = emit(tmp_path, capsys, monkeypatch, "--alloc-conf", "expandable_segments:True")
     assert "ALLOC_CONF = 'expandable_segments:True'" in (folder / "training_args.py").read_text()
     assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in (folder / README).read_text()
+
+
+def test_an_allocator_configuration_that_is_not_pytorchs_is_refused_and_a_valid_one_is_shell_quoted(
+        tmp_path, capsys, monkeypatch):
+    code, _, err = run_ftplan([*PLAN, "--alloc-conf", "$(touch pwned)", "--emit", tmp_path / "bad"], capsys, monkeypatch)
+    assert code == 2 and "is not key:value" in err and not (tmp_path / "bad").exists()  # README.txt once ran it
+    folder, _ = emit(tmp_path, capsys, monkeypatch, "--alloc-conf", "roundup_power2_divisions:[256:1,512:2]")
+    assert "export PYTORCH_CUDA_ALLOC_CONF='roundup_power2_divisions:[256:1,512:2]'" in (folder / README).read_text()

@@ -8,7 +8,12 @@ from ftplan.models.eta import estimate_eta, format_duration, steps_to_finish
 
 def test_steps_round_up_so_the_last_partial_batch_is_counted():
     assert steps_to_finish(19692, 1, 8, 1) == 2462  # 19692 / 8 = 2461.5
-    assert steps_to_finish(19692, 3, 4, 8) == 1847  # 59076 / 32 = 1846.1
+    assert steps_to_finish(19692, 3, 4, 8) == 1848  # each GPU: 2462 samples, 616 batches (the last partial), × 3
+
+
+def test_fractional_epochs_count_steps_as_trainer_does():
+    assert steps_to_finish(100, 2.5, 33, 1) == 10  # 4 batches an epoch (33, 33, 33, 1) × 2.5; not ceil(250 / 33)
+    assert steps_to_finish(100, 1, 10, 1, accumulation=3) == 4  # 10 micro-batches in steps of 3, 3, 3, 1
 
 
 def test_time_is_steps_times_seconds_and_cost_bills_every_gpu():

@@ -8,6 +8,9 @@ implementation, and PYTORCH_CUDA_ALLOC_CONF. No torch here: the planner writes t
 
 from __future__ import annotations
 
+import re
+
+from ftplan.core.errors import FtplanError
 from ftplan.core.settings import Setting
 
 PADDING_SIDE = "right"  # causal-LM training pads on the right: the loss ignores the padded tail (-100 labels)
@@ -103,3 +106,23 @@ def differences(emitted: Setting, calibrated: Setting) -> list[str]:
              "PYTORCH_CUDA_ALLOC_CONF", "pad_to_multiple_of": "pad_to_multiple_of", "optimizer": "optimizer"}
     return [f"{names[field]} {getattr(calibrated, field)!r} calibrated, {getattr(emitted, field)!r} emitted"
             for field in names if getattr(emitted, field) != getattr(calibrated, field)]
+
+
+# PyTorch's caching-allocator options (CUDA semantics, "Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF").
+ALLOC_CONF_KEYS = ("backend", "max_split_size_mb", "roundup_power2_divisions", "max_non_split_rounding_mb",
+                   "garbage_collection_threshold", "expandable_segments", "pinned_use_cuda_host_register",
+                   "pinned_num_register_threads", "pinned_use_background_threads", "release_lock_on_cudamalloc")
+_ALLOC_CONF_VALUE = re.compile(r"[A-Za-z0-9_.]+|\[[0-9:,]+\]")
+
+
+def check_alloc_conf(text: str) -> str:
+    """The PYTORCH_CUDA_ALLOC_CONF text, refused unless it is key:value pairs PyTorch knows: it reaches the emitted
+    README's shell line and a record's setting, and PyTorch itself only objects once CUDA starts."""
+    if not text:
+        return text
+    for pair in re.split(r",(?![^\[]*\])", text):  # roundup_power2_divisions:[256:1,512:2] keeps its list
+        key, _, value = pair.partition(":")
+        if key.strip() not in ALLOC_CONF_KEYS or not _ALLOC_CONF_VALUE.fullmatch(value.strip()):
+            raise FtplanError(f"PYTORCH_CUDA_ALLOC_CONF {text!r}: {pair!r} is not key:value with a key among "
+                              f"{', '.join(ALLOC_CONF_KEYS)} (e.g. expandable_segments:True)")
+    return text

@@ -26,6 +26,7 @@ PADDINGS = ("none", "max_length", "longest", "packed")
 ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
 ZERO_STAGES = (0, 1, 2, 3)
 INTEGER_FIELDS = ("seq_len", "zero_stage", "lora_rank", "gpus", "nodes", "pad_to_multiple_of")
+SWITCH_FIELDS = ("offload_optimizer", "liger", "gradient_checkpointing")  # True or False, never "no" (truthy)
 # "" keeps the frozen base in the compute dtype; "nf4" is QLoRA's 4-bit NormalFloat base with double
 # quantization (bitsandbytes, as `BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
 # bnb_4bit_use_double_quant=True)` loads it).
@@ -63,6 +64,9 @@ class Setting:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise FtplanError(f"{name} must be a whole number, got {value!r}")
+        for name in SWITCH_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                raise FtplanError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.seq_len <= 0:
             raise FtplanError(f"sequence length must be positive, got {self.seq_len}")
         if self.precision not in PRECISIONS:

@@ -43,7 +43,10 @@ def check_samples(dataset_size: int, epochs: float) -> None:
 
 def steps_to_finish(dataset_size: int, epochs: float, micro_batch: int, world_size: int,
                     accumulation: int = 1) -> int:
-    """Optimizer steps for `epochs` passes: ceil(samples·epochs / (micro-batch·accumulation·GPUs))."""
+    """Optimizer steps for `epochs` passes, counted as Trainer counts them: each GPU's sampler hands it
+    ceil(samples / GPUs) samples an epoch, in ceil(that / micro-batch) micro-batches (the last one partial), one
+    optimizer step per `accumulation` of them (the last one partial too), and ceil(epochs × steps an epoch) in
+    all. 100 samples at batch 33 for 2.5 epochs are 10 steps, not ceil(250 / 33) = 8."""
     check_samples(dataset_size, epochs)
     for name, value in (("batch size", micro_batch), ("GPU count", world_size), ("gradient accumulation", accumulation)):
         if value <= 0:
@@ -52,7 +55,8 @@ def steps_to_finish(dataset_size: int, epochs: float, micro_batch: int, world_si
     if micro_batch > share:  # the sampler hands each GPU at most `share` samples an epoch: no step is full
         raise FtplanError(f"batch {micro_batch:,} per GPU × {world_size} GPU(s) is more than the dataset's "
                           f"{dataset_size:,} samples, so no step is ever full; use a batch up to {share:,}")
-    steps = dataset_size * epochs / (micro_batch * accumulation * world_size)
+    per_epoch = math.ceil(math.ceil(share / micro_batch) / accumulation)
+    steps = epochs * per_epoch
     if not steps <= MAX_STEPS:  # also catches inf and nan from absurd inputs
         raise FtplanError(f"{dataset_size:,} samples × {epochs:g} epochs is more than {MAX_STEPS:.0e} optimizer steps; "
                           "check --dataset-size and --epochs")

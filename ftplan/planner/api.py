@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ftplan.core.architecture import load_architecture
 from ftplan.core.errors import FtplanError
+from ftplan.core.recipe import check_alloc_conf
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.communication import Links, describe_layout, estimate_overlap
@@ -132,6 +133,7 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
     _check_integers(dataset_size=dataset_size, seq_len=seq_len, gpus_per_node=gpus_per_node,
                     **({} if isinstance(gpus, str) else {"gpus": gpus}),
                     **{f"lora_ranks[{i}]": rank for i, rank in enumerate(lora_ranks)})
+    check_alloc_conf(alloc_conf)
     _warn_of_unquantized_experts(model, allow)
     counts = _checked_counts(str(gpus), dataset_size, epochs, dataset)
     options = dataset_options or DatasetOptions()
@@ -145,8 +147,8 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
                           price_per_gpu_hour=price_per_hour, max_hours=max_hours, by=by, training=training,
                           lora_ranks=tuple(lora_ranks), host_memory_gib=host_memory_gib, precision=precision,
                           allow=tuple(allow))  # a dataset's own rows replace dataset_size
-    extra = list(dict.fromkeys(s.with_(padding=base.padding, attention=base.attention)
-                               for s in evidence.calibrated_settings(model)))  # other recipes inform as relatives
+    extra = list(dict.fromkeys(s.with_(padding=base.padding, attention=base.attention, alloc_conf=base.alloc_conf)
+                               for s in evidence.calibrated_settings(model)))  # in the run's recipe; theirs inform
     scaling, dataset_plan, dataset_lines, links_text = None, None, (), workspace.links_text
     if len(counts) == 1:
         per_node, nodes = node_layout(counts[0], gpus_per_node)
@@ -211,9 +213,9 @@ def _checked_counts(gpus: str, dataset_size: int | None, epochs: float, dataset:
     counts = parse_gpu_counts(gpus)
     if dataset_size is not None:
         check_samples(dataset_size, epochs)
-    if dataset_size is not None and max(counts) > dataset_size * epochs:
-        raise FtplanError(f"{max(counts):,} GPUs for {dataset_size * epochs:,.0f} samples: each GPU needs a sample "
-                          f"per step; use --gpus up to {int(dataset_size * epochs):,}")
+    if dataset_size is not None and max(counts) > dataset_size:
+        raise FtplanError(f"{max(counts):,} GPUs for {dataset_size:,} samples: each GPU needs a sample "
+                          f"per step; use --gpus up to {dataset_size:,}")
     if dataset is not None and len(counts) > 1:
         raise FtplanError("--dataset plans one GPU count at a time; give --gpus N")
     return counts
@@ -244,6 +246,7 @@ def predict(model: str, batch_size: int, gpu: str = "H200", *, calibrations: Seq
                           "ftplan.core.settings.Setting other than model")
     load_architecture(model)
     wanted = Setting(model=model, **{"padding": NO_DATASET_PADDINGS[0], **setting})
+    check_alloc_conf(wanted.alloc_conf)
     return Workspace.open(gpu, calibrations, gpu_specs).predict(wanted, batch_size)
 
 

@@ -36,6 +36,10 @@ TEXT_FIELDS = (("text",), ("content",), ("prompt", "completion"), ("messages",),
 IDS_FIELDS = ("input_ids",)
 TOKENIZE_BATCH = 1000
 MAX_DATASET_BYTES = 2**30  # read at most this much text: lengths of more would not fit in bounded memory
+# Rows held at once: each costs a dict and its strings, so 14 million short JSON lines (322 MB) took 5.5 GB.
+MAX_DATASET_ROWS = 2_000_000
+# One JSON document is parsed whole, every row at once: at most this much (a 322 MB one took 4.3 GB).
+MAX_JSON_DOCUMENT_BYTES = 64 * 2**20
 BAD_LINE_WARNINGS = 20  # bad JSONL lines named one by one; the rest counted in one line
 MAX_CHAT_DEPTH = 3  # messages -> turn -> content parts; deeper nesting is not a chat
 
@@ -210,6 +214,8 @@ def read_table(path: Path) -> pd.DataFrame:
     raise FtplanError(f"{path}: unknown dataset format '{path.suffix}' (JSONL, JSON, CSV, Parquet, or a save_to_disk folder)")
 
 
+CHAT_TURN_KEYS = {"role", "from"}  # a turn of a chat (OpenAI / ShareGPT style), not a row of a dataset
+
 def _read_json(path: Path) -> pd.DataFrame:
     """A .json file: one document (a list of rows, columns of equal length, one row, or one key holding the rows,
     as `json.dump` writes them on one line) or, when it holds several, JSON Lines. pandas' JSON Lines reader
@@ -218,9 +224,12 @@ def _read_json(path: Path) -> pd.DataFrame:
 
     opener = gzip.open if path.suffix.lower() == ".gz" else open
     with opener(path, "rb") as stream:
-        text = stream.read(MAX_DATASET_BYTES + 1)
-    if len(text) > MAX_DATASET_BYTES:
-        raise FtplanError(f"{path}: over {MAX_DATASET_BYTES // 2**30} GiB of JSON; plan from a sample")
+        text = stream.read(MAX_JSON_DOCUMENT_BYTES + 1)
+    if len(text) > MAX_JSON_DOCUMENT_BYTES:
+        if text.lstrip()[:1] == b"{" and b"\n{" in text:  # one object a line, under a .json name
+            return _read_jsonl(path)
+        raise FtplanError(f"{path}: over {MAX_JSON_DOCUMENT_BYTES // 2**20} MiB of one JSON document, which is parsed "
+                          "whole; write it as JSON Lines (.jsonl, one row a line), which is read a line at a time")
     try:
         document = json.loads(text)
     except RecursionError:
@@ -228,19 +237,26 @@ def _read_json(path: Path) -> pd.DataFrame:
     except ValueError:
         return _read_jsonl(path)  # several documents, one a line
     only = next(iter(document.values())) if isinstance(document, dict) and len(document) == 1 else None
-    if isinstance(only, list) and only and all(isinstance(row, dict) for row in only):
-        document = only  # {"data": [rows]} or {"train": [rows]}
+    if isinstance(only, list) and only and all(isinstance(row, dict) for row in only) and not _is_chat(only):
+        document = only  # {"data": [rows]} or {"train": [rows]}; {"messages": [turns]} is one chat
     if isinstance(document, list):
+        if len(document) > MAX_DATASET_ROWS:
+            raise FtplanError(f"{path}: over {MAX_DATASET_ROWS:,} rows; plan from a random sample of them")
         if not all(isinstance(row, dict) for row in document):
             raise FtplanError(f"{path}: a JSON list whose items are not all objects (rows)")
         return pd.DataFrame(document)
     if isinstance(document, dict):
         columns = [len(v) for v in document.values() if isinstance(v, list)]
-        if columns and len(columns) == len(document) and len(set(columns)) == 1:
+        if not columns or any(_is_chat(v) for v in document.values()):
+            return pd.DataFrame([document])  # one row, or one chat
+        if len(columns) == len(document) and len(set(columns)) == 1:
             return pd.DataFrame(document)
-        if not columns:
-            return pd.DataFrame([document])
     raise FtplanError(f"{path}: JSON neither rows (a list of objects) nor columns (lists of one length)")
+
+
+def _is_chat(value: object) -> bool:
+    """A list of chat turns (each a dict with a role), which is one sample's messages, not rows of a dataset."""
+    return isinstance(value, list) and bool(value) and all(isinstance(t, dict) and CHAT_TURN_KEYS & t.keys() for t in value)
 
 
 def _read_jsonl(path: Path) -> pd.DataFrame:
@@ -270,6 +286,9 @@ def _read_jsonl(path: Path) -> pd.DataFrame:
                 if bad <= BAD_LINE_WARNINGS:
                     warnings.warn(f"{path}:{number}: {problem}; line skipped", UserWarning, stacklevel=4)
                 continue
+            if len(rows) >= MAX_DATASET_ROWS:
+                raise FtplanError(f"{path}: over {MAX_DATASET_ROWS:,} rows; plan from a random sample of them (their "
+                                  f"lengths are what matters), e.g. shuf -n {MAX_DATASET_ROWS} {path.name}")
             rows.append(row)
             lines.append(number)
     if bad > BAD_LINE_WARNINGS:

@@ -9,7 +9,6 @@ micro-batch, measured across sequence lengths), and steps count the real rows (s
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,7 +28,7 @@ from ftplan.models.batching import (
     saturating_batch,
     split_global_batch,
 )
-from ftplan.models.eta import MAX_STEPS, Eta
+from ftplan.models.eta import Eta, steps_to_finish
 from ftplan.planner.dataset import CHARS_PER_TOKEN, DatasetLengths, load_lengths
 from ftplan.planner.search import Plan, PlanRequest, Predictor, SetupPlan, make_plan
 
@@ -138,6 +137,10 @@ def plan_from_lengths(predictor: Predictor, request: PlanRequest, lengths: Itera
     world = request.base.world_size
     shape = batching(options.strategy, limited.lengths, 1, world, pack_length=options.pack_length,
                      epochs=request.epochs, confidence=options.confidence)
+    if world > shape.rows or (options.global_batch or 0) > shape.rows:
+        what = f"{world:,} GPUs" if world > shape.rows else f"a global batch of {options.global_batch:,}"
+        raise FtplanError(f"{what} for the dataset's {shape.rows:,} {'packed rows' if options.strategy == 'pack' else 'samples'}"
+                          f": an optimizer step cannot hold more than the dataset; give at most {shape.rows:,}")
     padding = STRATEGY_PADDING[options.strategy]
     memory_request = replace(request, base=request.base.with_(seq_len=shape.memory_length, padding=padding),
                              dataset_size=shape.rows)
@@ -174,9 +177,7 @@ def plan_from_lengths(predictor: Predictor, request: PlanRequest, lengths: Itera
             micro, accumulation, saturating = largest, 1, saturating_batch(largest, rows_per_second)
         shape_used = shape_at(micro, accumulation)
         per_step = step_seconds(micro, accumulation) * accumulation
-        steps = math.ceil(shape_used.rows * request.epochs / (micro * accumulation * setting.world_size))
-        if steps > MAX_STEPS:
-            raise FtplanError(f"more than {MAX_STEPS:.0e} optimizer steps; check the dataset and --epochs")
+        steps = steps_to_finish(shape_used.rows, request.epochs, micro, setting.world_size, accumulation)
         total = steps * per_step
         price = request.price_per_gpu_hour
         eta = Eta(steps, per_step, total, None if price is None else total / 3600 * price * setting.world_size)

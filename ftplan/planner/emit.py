@@ -14,6 +14,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import stat
 from collections.abc import Sequence
 from pathlib import Path
@@ -133,7 +134,7 @@ def readme(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch, plan_war
         lines += ["", "Before the run, on every node: micro-batches whose shape changes every step fragment PyTorch's CUDA",
                   "caching allocator (on an H200 an epoch of dynamic padding reserved up to 1.8x what the calibration",
                   "measured at its longest micro-batch); expandable segments let it grow one segment instead:",
-                  f"    export PYTORCH_CUDA_ALLOC_CONF={batch.alloc_conf}",
+                  f"    export PYTORCH_CUDA_ALLOC_CONF={shlex.quote(batch.alloc_conf)}",
                   f"    ({ALLOC_CONF_DOC})",
                   "training_args.py sets it too, when train.py imports it before anything is put on the GPU."]
     if setting.liger:

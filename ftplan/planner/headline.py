@@ -4,6 +4,7 @@ batch so large that the run makes only a few optimizer steps."""
 
 from __future__ import annotations
 
+import shlex
 import statistics
 from collections.abc import Callable, Iterable
 
@@ -58,7 +59,7 @@ def calibrate_command(setting: Setting) -> str:
     flags += [f"--optimizer {setting.optimizer}"] if setting.optimizer != default.optimizer else []
     flags += [f"--padding {setting.padding}"] if setting.padding != "packed" else []
     flags += [f"--attention {setting.attention}"] if setting.attention != default.attention else []
-    flags += [f"--alloc-conf {setting.alloc_conf}"] if setting.alloc_conf else []
+    flags += [f"--alloc-conf {shlex.quote(setting.alloc_conf)}"] if setting.alloc_conf else []
     flags += [f"--gpus {setting.world_size}"] if setting.world_size > 1 else []
     return "ftplan calibrate " + " ".join(flags)
 

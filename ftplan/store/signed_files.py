@@ -8,6 +8,7 @@ JSON only (never pickle): a cache file is data.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -46,12 +47,15 @@ def write_signed(path: Path, payload: dict) -> None:
     secret = _secret(path.parent)
     if secret is None:
         return
+    handle = None
     try:
         with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as handle:
             json.dump({"payload": payload, "digest": _digest(payload, secret)}, handle)
         os.replace(handle.name, path)
-    except OSError:
-        pass
+    except OSError:  # a full disk: the torn temporary file must not stay and keep it full
+        if handle is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(handle.name)
 
 
 def _digest(payload: dict, secret: bytes) -> str:

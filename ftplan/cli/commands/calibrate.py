@@ -35,6 +35,7 @@ from ftplan.cli.main import Dependencies
 from ftplan.core.architecture import ALL_LINEAR_TARGETS, load_architecture
 from ftplan.models.bytes_per_param import OPTIMIZER_STATE_BYTES
 from ftplan.core.errors import FtplanError
+from ftplan.core.recipe import check_alloc_conf
 from ftplan.core.settings import ATTENTIONS, PRECISIONS, Setting
 from ftplan.core.units import GIB
 from ftplan.planner.dataset import CHARS_PER_TOKEN, load_lengths
@@ -111,6 +112,7 @@ def _switch(value: str) -> tuple[bool, ...]:
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=900.0, show_default=True,
               help="Seconds before a trial is ended as an error.")
 @click.option("--alloc-conf", envvar="PYTORCH_CUDA_ALLOC_CONF", default="", show_default=False,
+              callback=lambda _ctx, _param, value: check_alloc_conf(value),
               help="PYTORCH_CUDA_ALLOC_CONF for the trials (part of the setting).  [default: $PYTORCH_CUDA_ALLOC_CONF]")
 @click.option("--padding", "paddings", type=click.Choice(CALIBRATED_PADDINGS), multiple=True,
               default=("max_length",), show_default=True,

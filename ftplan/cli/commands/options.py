@@ -8,6 +8,7 @@ import click
 
 from ftplan.core.architecture import ALL_LINEAR_TARGETS
 from ftplan.core.errors import FtplanError
+from ftplan.core.recipe import check_alloc_conf
 from ftplan.core.settings import ATTENTIONS, PADDINGS, PRECISIONS, ZERO_STAGES, Setting
 from ftplan.models.scaling import DEFAULT_GPUS_PER_NODE, fixed_layout, node_layout
 
@@ -61,7 +62,8 @@ SETTING_OPTIONS = (
                       "--gpus-per-node allows]"),
     click.option("--quantization", type=click.Choice(["", "nf4"]), default="", show_default=True,
                  help="nf4: QLoRA, LoRA on a 4-bit NormalFloat base with double quantization (needs --lora-rank)."),
-    click.option("--alloc-conf", default="", help="PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True."),
+    click.option("--alloc-conf", default="", callback=lambda _ctx, _param, value: check_alloc_conf(value),
+                 help="PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True."),
     click.option("--padding", type=click.Choice(PADDINGS), default="max_length", show_default=True,
                  help="How the collator shapes batches: max_length/longest pad with a mask (SDPA's masked path), "
                       "none is rows of exactly --seq-len with no mask, packed is flattened rows."),
