@@ -15,7 +15,7 @@ from ftplan.store.signed_files import cache_dir, read_signed, write_signed
 
 FORMAT = "ftplan-lengths-cache-1"
 READ_CHUNK = 2**20
-MAX_CACHE_BYTES = 256 * 2**20  # 10 million lengths as JSON
+MAX_CACHE_BYTES = 32 * 2**20  # the dataset reader holds at most 2,000,000 rows: their lengths as JSON take ~14 MB
 
 
 def file_digest(path: Path) -> str:
