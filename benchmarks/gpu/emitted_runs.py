@@ -35,6 +35,14 @@ CASES = [
      "ddp full s2048 padded"),
     ("qwen3-full-pad", "qwen3-1.7b", ["--full", "--precision", "bf16"], "ddp full s2048 padded"),
     ("gemma3-lora-pad", "gemma-3-1b", ["--lora"], "ddp lora16 s2048 padded"),
+    # 2026-12-04 evening: the new families, three of them recommended from the prior alone (never calibrated)
+    ("phi3-lora-gc-pad", "phi-3-mini-4k", ["--lora"], "ddp lora16 gc s2048 padded"),
+    ("phi3-liger-lora-pad", "phi-3-mini-4k", ["--lora"], None),
+    ("olmoe-lora-pad", "olmoe-1b-7b", ["--lora"], "ddp lora16 s2048 padded"),
+    ("qlora8b-gc-pad", "llama-3-8b", ["--lora", "--allow", "qlora"], "ddp qlora16 gc s2048 padded paged_adamw_8bit"),
+    ("qwen3-8b-liger-lora-pad", "qwen3-8b", ["--lora"], None),
+    ("gemma2-liger-lora-pad", "gemma-2-2b", ["--lora"], None),
+    ("phi4-liger-lora-pad", "phi-4", ["--lora"], None),
 ]
 
 
