@@ -40,6 +40,7 @@ MAX_DATASET_BYTES = 2**30  # read at most this much text: lengths of more would 
 MAX_DATASET_ROWS = 2_000_000
 # One JSON document is parsed whole, every row at once: at most this much (a 322 MB one took 4.3 GB).
 MAX_JSON_DOCUMENT_BYTES = 64 * 2**20
+CHAT_TURN_KEYS = {"role", "from"}  # a turn of a chat (OpenAI / ShareGPT style), not a row of a dataset
 BAD_LINE_WARNINGS = 20  # bad JSONL lines named one by one; the rest counted in one line
 MAX_CHAT_DEPTH = 3  # messages -> turn -> content parts; deeper nesting is not a chat
 
@@ -213,8 +214,6 @@ def read_table(path: Path) -> pd.DataFrame:
         raise FtplanError(f"cannot read {path}: {error}") from error
     raise FtplanError(f"{path}: unknown dataset format '{path.suffix}' (JSONL, JSON, CSV, Parquet, or a save_to_disk folder)")
 
-
-CHAT_TURN_KEYS = {"role", "from"}  # a turn of a chat (OpenAI / ShareGPT style), not a row of a dataset
 
 def _read_json(path: Path) -> pd.DataFrame:
     """A .json file: one document (a list of rows, columns of equal length, one row, or one key holding the rows,
