@@ -97,15 +97,24 @@ def masked_attention_bytes_per_token(arch: Architecture, setting: Setting) -> in
     return 2 * (q_width - kv) * m + setting.seq_len * m
 
 
-def activations_bytes_per_token(arch: Architecture, setting: Setting) -> int:
-    """Bytes all layers hold per token at the start of backward (checkpointing changes what is kept).
-    Layers differ only in whether they route experts, so each kind is priced once: a plan prices hundreds
-    of settings, and pricing every layer of each was a fifth of its time."""
+def _per_layer_bytes(arch: Architecture, setting: Setting) -> list[int]:
+    """Each layer's saved bytes per token. Layers differ only in whether they route experts, so each kind is
+    priced once: a plan prices hundreds of settings, and pricing every layer of each was a fifth of its time."""
     routed = [arch.is_moe_layer(i) for i in range(arch.layers)]
     kinds = {moe: layer_bytes_per_token(arch, setting, routed.index(moe)) for moe in set(routed)}
-    per_layer = [kinds[moe] for moe in routed]
+    return [kinds[moe] for moe in routed]
+
+
+def _checkpoint_bytes(arch: Architecture, setting: Setting) -> int:
+    """What gradient checkpointing keeps per token: one residual-stream tensor a layer."""
+    return arch.layers * arch.hidden * stream_bytes(setting)
+
+
+def activations_bytes_per_token(arch: Architecture, setting: Setting) -> int:
+    """Bytes all layers hold per token at the start of backward (checkpointing changes what is kept)."""
+    per_layer = _per_layer_bytes(arch, setting)
     if setting.gradient_checkpointing:
-        return arch.layers * arch.hidden * stream_bytes(setting) + max(per_layer)
+        return _checkpoint_bytes(arch, setting) + max(per_layer)
     return sum(per_layer)
 
 
@@ -119,8 +128,7 @@ def peak_bytes_per_token(arch: Architecture, setting: Setting) -> int:
     loss = loss_bytes_per_token(arch, setting)
     if not setting.gradient_checkpointing or setting.liger:
         return activations_bytes_per_token(arch, setting) + loss
-    layers = max(layer_bytes_per_token(arch, setting, i) for i in range(arch.layers))
-    return arch.layers * arch.hidden * stream_bytes(setting) + max(layers, loss)
+    return _checkpoint_bytes(arch, setting) + max(*_per_layer_bytes(arch, setting), loss)
 
 
 def loss_bytes_per_token(arch: Architecture, setting: Setting) -> int:

@@ -181,18 +181,16 @@ class SettingFit:
 
     def peak_reserved(self, batch: int, seq_len: int) -> Estimate:
         """Allocated plus the allocator's overhead: as measured around this batch or, beyond the measured
-        batches, the blocks that the logits or an unseen phase's optimizer step strand."""
+        batches, the blocks that the logits or an unseen phase's optimizer step strand, or the measured overhead
+        grown with the activations."""
         allocated = self.allocated.predict(batch, seq_len)
         tokens = batch * seq_len
         overhead = self.overhead.at(tokens)
-        stranded = Estimate(0.0, 0.0)
+        stranded = grown = Estimate(0.0, 0.0)
         if self.overhead.points and tokens > self.overhead.points[-1][0]:
             logits = tokens * self.logit_bytes_per_token
             stranded = Estimate(self.stranded_logit_share * logits, LOGIT_BLOCKS_HIGHEST * logits)
-        if self.overhead.points and tokens > self.overhead.points[-1][0]:
             grown = Estimate(self.overhead.grown(allocated.mean), self.overhead.grown(allocated.upper))
-        else:
-            grown = Estimate(0.0, 0.0)
         return Estimate(mean=allocated.mean + max(overhead.mean, stranded.mean, grown.mean,
                                                   self.overhead.unseen_phase(allocated.mean)),
                         upper=allocated.upper + max(overhead.upper, stranded.upper, grown.upper,

@@ -141,12 +141,13 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
                    attention=attention, alloc_conf=alloc_conf)
     workspace = Workspace.open(gpu, calibrations, gpu_specs, intra_node_bandwidth, inter_node_bandwidth, step_time_cv)
     evidence = workspace.evidence
+    # with a dataset its own rows replace dataset_size
     request = PlanRequest(base=base, dataset_size=dataset_size if dataset is None else dataset_size or 1,
                           epochs=epochs, gpu=workspace.card,
                           budget=workspace.budget(safety_margin, context_reserve_gib),
                           price_per_gpu_hour=price_per_hour, max_hours=max_hours, by=by, training=training,
                           lora_ranks=tuple(lora_ranks), host_memory_gib=host_memory_gib, precision=precision,
-                          allow=tuple(allow))  # a dataset's own rows replace dataset_size
+                          allow=tuple(allow))
     extra = list(dict.fromkeys(s.with_(padding=base.padding, attention=base.attention, alloc_conf=base.alloc_conf)
                                for s in evidence.calibrated_settings(model)))  # in the run's recipe; theirs inform
     scaling, dataset_plan, dataset_lines, links_text = None, None, (), workspace.links_text

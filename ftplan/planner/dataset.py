@@ -240,7 +240,7 @@ def _read_json(path: Path) -> pd.DataFrame:
         document = only  # {"data": [rows]} or {"train": [rows]}; {"messages": [turns]} is one chat
     if isinstance(document, list):
         if len(document) > MAX_DATASET_ROWS:
-            raise FtplanError(f"{path}: over {MAX_DATASET_ROWS:,} rows; plan from a random sample of them")
+            raise _too_many_rows(path)
         if not all(isinstance(row, dict) for row in document):
             raise FtplanError(f"{path}: a JSON list whose items are not all objects (rows)")
         return pd.DataFrame(document)
@@ -251,6 +251,11 @@ def _read_json(path: Path) -> pd.DataFrame:
         if len(columns) == len(document) and len(set(columns)) == 1:
             return pd.DataFrame(document)
     raise FtplanError(f"{path}: JSON neither rows (a list of objects) nor columns (lists of one length)")
+
+
+def _too_many_rows(path: Path) -> FtplanError:
+    return FtplanError(f"{path}: over {MAX_DATASET_ROWS:,} rows; plan from a random sample of them (their lengths are "
+                       f"what matters), e.g. shuf -n {MAX_DATASET_ROWS} {path.name}")
 
 
 def _is_chat(value: object) -> bool:
@@ -286,8 +291,7 @@ def _read_jsonl(path: Path) -> pd.DataFrame:
                     warnings.warn(f"{path}:{number}: {problem}; line skipped", UserWarning, stacklevel=4)
                 continue
             if len(rows) >= MAX_DATASET_ROWS:
-                raise FtplanError(f"{path}: over {MAX_DATASET_ROWS:,} rows; plan from a random sample of them (their "
-                                  f"lengths are what matters), e.g. shuf -n {MAX_DATASET_ROWS} {path.name}")
+                raise _too_many_rows(path)
             rows.append(row)
             lines.append(number)
     if bad > BAD_LINE_WARNINGS:

@@ -25,7 +25,6 @@ from ftplan.cli.render import (
     print_scaling,
 )
 from ftplan.core.errors import EXIT_DOES_NOT_FIT, DoesNotFit, FtplanError
-from ftplan.core.recipe import check_alloc_conf
 from ftplan.core.settings import PRECISIONS
 from ftplan.models.batching import STRATEGIES
 from ftplan.models.scaling import DEFAULT_GPUS_PER_NODE
@@ -110,7 +109,7 @@ def _training(ctx: click.Context, choice: str, given: bool) -> None:
               help="Without --dataset: max_length pads every sample to --seq-len with a padding mask (SDPA's masked "
                    "path); none: your rows are already exactly --seq-len tokens (chunked as run_clm's group_texts "
                    "does), so no mask reaches attention.")
-@click.option("--alloc-conf", default="", metavar="CONF", callback=lambda _ctx, _param, value: check_alloc_conf(value),
+@click.option("--alloc-conf", default="", metavar="CONF",
               help="PYTORCH_CUDA_ALLOC_CONF the run will set (e.g. expandable_segments:True): setups are predicted "
                    "from calibrations with it, and --emit writes it.  [default: none, the allocator's default]")
 @click.option("--emit-setup", default=None, metavar="LABEL",
