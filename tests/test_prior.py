@@ -168,3 +168,34 @@ def test_zero3_buffers_follow_deepspeeds_defaults():
     assert zero3_buffer_bytes(arch, Setting("llama-3-8b", zero_stage=3, gpus=8)) == expected
     lora = zero3_buffer_bytes(arch, Setting("llama-3-8b", zero_stage=3, lora_rank=16))
     assert lora < expected  # the bucket never exceeds the trainable parameters
+
+
+def _timed(setting: Setting, batch: int, seconds: float) -> dict:
+    return build_record(setting, batch, "ok", gpu_name="NVIDIA H200", seconds_per_step=seconds,
+                        peak_allocated_bytes=1e9)
+
+
+def test_masked_attention_cost_is_what_padded_masked_batches_add_per_attention_flop():
+    """Pairs of one setting and batch, padded and masked against equal-length rows: the line through the origin
+    of their extra seconds over the masked attention FLOPs' time at peak gives back the cost it was made with."""
+    from ftplan.models.prior import fit_masked_attention_cost, masked_attention_flops
+
+    cost, records = 5.0, []
+    for model in ("qwen2.5-0.5b", "llama-3.2-1b", "qwen1.5-0.5b"):  # query/KV head ratios 7, 4 and 1
+        plain = Setting(model)
+        padded = plain.with_(padding="max_length")
+        for batch in (4, 8):
+            extra = cost * masked_attention_flops(load_architecture(model), padded) * batch / (H200.bf16_dense_tflops * 1e12)
+            records += [_timed(plain, batch, 0.1 * batch), _timed(padded, batch, 0.1 * batch + extra)]
+    assert fit_masked_attention_cost(records) == pytest.approx(cost)
+    assert fit_masked_attention_cost(records[:4]) == 0.0  # two pairs: too few to price the path
+    assert masked_attention_flops(LLAMA_1B, Setting("llama-3.2-1b")) == 0  # no mask reaches SDPA
+    assert masked_attention_flops(LLAMA_1B, Setting("llama-3.2-1b", padding="longest", attention="flash_attention_2")) == 0
+
+
+def test_masked_run_is_priced_slower_than_the_same_rows_unmasked():
+    constants = PriorConstants(masked_attention_cost=5.0)
+    plain = prior_estimate(LLAMA_1B, Setting("llama-3.2-1b"), 8, H200, constants)
+    masked = prior_estimate(LLAMA_1B, Setting("llama-3.2-1b", padding="longest"), 8, H200, constants)
+    assert masked.seconds_per_step > plain.seconds_per_step
+    assert masked.peak_allocated > plain.peak_allocated  # K/V expanded to every query head

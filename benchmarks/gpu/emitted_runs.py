@@ -3,6 +3,7 @@
     python benchmarks/gpu/emitted_runs.py prepare WORK     # on any machine: dataset, tokenizer, plans, --emit
     bash benchmarks/gpu/emitted_runs.sh WORK CASE[@B] ...  # on the GPU: `ftplan rehearse` of each (@B: at batch B)
     python benchmarks/gpu/emitted_runs.py report WORK RECORDS.jsonl
+    python benchmarks/gpu/emitted_runs.py replay          # on any machine: today's models against those runs
 
 The dataset is real text that ships offline: Python source files of the installed packages (a code
 fine-tuning corpus, long-tailed lengths), tokenized by a byte-level BPE trained on it (tokenizer.json).
@@ -119,6 +120,55 @@ def report(work: Path, records: Path) -> None:
               f"{statistics.median(abs(t) for _, t in errors):.1%}")
 
 
+RESULTS = Path(__file__).parent / "results"
+
+
+def replayed(plan: dict, micro_batch: int):
+    """Today's prediction for one rehearsed folder at the micro-batch it ran: memory at the planned length,
+    step time at the mean padded length of a random micro-batch of the plan's lengths (what the mixed steps
+    feed), as `plan --dataset` predicts them."""
+    from ftplan.core.settings import Setting
+    from ftplan.models.batching import apply_limit, batching
+    from ftplan.planner.workspace import Workspace
+
+    setting = Setting.from_dict(plan["setting"])
+    workspace = Workspace.open(plan["gpu"])
+    memory = workspace.predict(setting, micro_batch)
+    lengths = plan.get("lengths")
+    if not lengths:
+        return memory, memory.seconds_per_step.mean
+    kept = apply_limit(lengths, plan.get("limit"), plan.get("too_long", "truncate")).lengths
+    length = max(1, round(batching(plan["strategy"], kept, micro_batch).time_length))
+    return memory, workspace.predict(setting.with_(seq_len=length), micro_batch).seconds_per_step.mean
+
+
+def replay(records: Path = RESULTS / "emitted_runs_h200.jsonl", plans: Path = RESULTS / "emitted_runs") -> None:
+    """Every rehearsal (probes too) against what the shipped records predict for it now: held-out, end-to-end
+    measurements (no rehearsal is in the package's records)."""
+    runs = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+    print(f"{'run':28} {'batch':>5} {'evidence':>13} {'alloc err':>9} {'resv err':>8} {'s/step':>7} {'pred':>6} "
+          f"{'err':>6}")
+    errors = []
+    for run in runs:
+        if run.get("status") != "ok":
+            continue
+        plan = json.loads((plans / run["emit_dir"].split("@")[0] / "plan.json").read_text())
+        memory, seconds = replayed(plan, run["micro_batch"])
+        mixed = run["step_seconds"][run.get("heavy_steps", 0) + 1:]  # the first step also meets its shapes first
+        step = statistics.median(mixed)
+        row = (run["peak_allocated_bytes"] / memory.peak_allocated.mean - 1,
+               run["peak_reserved_bytes"] / memory.peak_reserved.mean - 1, step / seconds - 1)
+        errors.append((memory.source, *row))
+        print(f"{run['emit_dir']:28} {run['micro_batch']:5d} {memory.source:>13} {row[0]:+9.1%} {row[1]:+8.1%} "
+              f"{step:7.3f} {seconds:6.3f} {row[2]:+6.1%}")
+    for label, chosen in (("calibrated", [e for e in errors if e[0] != "prior"]),
+                          ("prior only", [e for e in errors if e[0] == "prior"])):
+        if chosen:
+            print(f"{label}: {len(chosen)} runs; |alloc err| median {statistics.median(abs(e[1]) for e in chosen):.1%}"
+                  f" max {max(abs(e[1]) for e in chosen):.1%}; |step err| median "
+                  f"{statistics.median(abs(e[3]) for e in chosen):.1%} max {max(abs(e[3]) for e in chosen):.1%}")
+
+
 def probe(work: Path, name: str, micro_batch: int) -> None:
     """A copy of a case's folder at another micro-batch (WORK/NAME@B), to find the largest batch that runs in that
     exact config: everything else, collator and allocator included, as emitted."""
@@ -135,4 +185,5 @@ def probe(work: Path, name: str, micro_batch: int) -> None:
 if __name__ == "__main__":
     {"prepare": lambda: prepare(Path(sys.argv[2])),
      "report": lambda: report(Path(sys.argv[2]), Path(sys.argv[3])),
+     "replay": lambda: replay(),
      "probe": lambda: probe(Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]))}[sys.argv[1]]()

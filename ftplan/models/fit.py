@@ -34,6 +34,7 @@ from ftplan.models.prior import (
     ComputeRate,
     LadderSlope,
     fit_compute_rate,
+    fit_masked_attention_cost,
     ladder_slopes,
     logit_elements_per_sample,
     memory_terms,
@@ -401,7 +402,7 @@ def _compute_slopes(time: Curve, record: dict, rate: ComputeRate) -> tuple[float
     return float(linear), float(quadratic)
 
 
-def compute_rate_for(gpu_name: str, others: list[LadderSlope]) -> ComputeRate | None:
+def compute_rate_for(gpu_name: str, others: list[LadderSlope], masked_attention_cost: float = 0.0) -> ComputeRate | None:
     """The compute rate of other settings' ladders on this GPU type; None without any.
 
     Other GPUs are left out: MFU moves with the card's balance of compute, bandwidth and launch
@@ -411,7 +412,7 @@ def compute_rate_for(gpu_name: str, others: list[LadderSlope]) -> ComputeRate | 
         gpu = find_gpu(gpu_name)
     except FtplanError:
         return None
-    return fit_compute_rate([s for s in others if s.gpu == gpu])
+    return fit_compute_rate([s for s in others if s.gpu == gpu], masked_attention_cost)
 
 
 def _columns(records: list[dict], key: str) -> tuple[list[int], list[int], list[float]]:
@@ -440,11 +441,12 @@ def fit_groups(records: list[dict]) -> list[SettingFit]:
     groups' ladders; groups that cannot be fitted are skipped with a warning."""
     groups = group_records(records)
     slopes = [ladder_slopes(group) for group in groups]
+    masked_cost = fit_masked_attention_cost(records)
     fits = []
     for index, group in enumerate(groups):
         others = [s for other, found in enumerate(slopes) if other != index for s in found]
         try:
-            fits.append(fit_setting(group, compute_rate_for(str(group[0].get("gpu_name")), others)))
+            fits.append(fit_setting(group, compute_rate_for(str(group[0].get("gpu_name")), others, masked_cost)))
         except FtplanError as exc:
             warnings.warn(f"{exc}; skipped", UserWarning, stacklevel=2)
     return fits

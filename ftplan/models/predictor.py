@@ -304,14 +304,15 @@ def fit_all_constants(records: list[dict], catalog: dict[str, GpuSpec]) -> dict[
     on a setting left out of all records (a model's few settings understate what an unseen one misses).
     Liger's per-sample scale comes from all records when the model has none with Liger: its own fit cannot
     see the term and left it at 1.0, 7% under the pooled 1.079, and Llama-3-8B LoRA + Liger, planned from the
-    prior, was planned one batch above the largest that ran.
+    prior, was planned one batch above the largest that ran. The masked attention path's cost is pooled too:
+    it is the kernel's, and few models have the padded and unpadded pairs that measure it.
     """
     ok = [r for r in records if r.get("status") in ("ok", "oom")]
     every = fit_constants(ok, catalog, "all calibrations")
     constants = {ALL_MODELS: every}
     for model in sorted({str(r.get("model")) for r in ok}):
         mine = [r for r in ok if r.get("model") == model]
-        own = fit_constants(mine, catalog, f"{model} calibrations")
+        own = fit_constants(mine, catalog, f"{model} calibrations", every.masked_attention_cost)
         if not any(r.get("liger") for r in mine):
             own = replace(own, liger_sample_scale=every.liger_sample_scale)
         if own.n_records:

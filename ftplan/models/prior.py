@@ -152,18 +152,34 @@ def zero3_buffer_bytes(arch: Architecture, setting: Setting) -> float:
     return bucket + live * half
 
 
+def _attention_forward_flops(arch: Architecture, setting: Setting) -> float:
+    """Causal attention's score and value products of one sample's forward: 2·seq·q_width per token per
+    layer (half of the full square)."""
+    return 2 * setting.seq_len * arch.heads * arch.head_dim * arch.layers * setting.seq_len
+
+
 def _flops_per_sample(arch: Architecture, setting: Setting) -> float:
     """Matmul FLOPs of one sample on one GPU: 2·params·tokens forward, as much again for activation
     gradients and (full fine-tuning only) for weight gradients, +1 forward when checkpointing: 6·P·T,
     8·P·T with checkpointing, 4·P·T for LoRA, with P the parameters a token passes through (of a
-    mixture of experts only its top-k). Causal flash attention adds 2·seq·q_width per token per
-    layer forward (half of the full square) and twice that backward."""
+    mixture of experts only its top-k). Attention adds its forward and twice that backward."""
     matmul_params = arch.active_decoder_params + arch.vocab * arch.hidden
     forward = 2 * matmul_params * setting.seq_len
-    attention_forward = 2 * setting.seq_len * arch.heads * arch.head_dim * arch.layers * setting.seq_len
+    attention_forward = _attention_forward_flops(arch, setting)
     weight_grads = 0 if setting.lora_rank else forward
     recompute = forward + attention_forward if setting.gradient_checkpointing else 0
     return 2 * forward + weight_grads + 3 * attention_forward + recompute
+
+
+def masked_attention_flops(arch: Architecture, setting: Setting) -> float:
+    """Attention FLOPs of one sample that run on SDPA's masked path (forward, backward and any recompute).
+
+    With a mask SDPA leaves the flash kernel for one that takes an arbitrary additive mask, over K and V
+    expanded to every query head: the same FLOPs, done slower. 0 where no mask reaches SDPA. Eager attention
+    is not priced apart (no calibration measured it)."""
+    if not setting.masked or setting.attention != "sdpa":
+        return 0.0
+    return _attention_forward_flops(arch, setting) * (4 if setting.gradient_checkpointing else 3)
 
 
 def optimizer_seconds(arch: Architecture, setting: Setting, gpu: GpuSpec, cpu_adam_seconds_per_param: float) -> float:
@@ -184,7 +200,8 @@ def logit_elements_per_sample(arch: Architecture, setting: Setting) -> int:
 @dataclass(frozen=True)
 class ComputeRate:
     """What one more sample costs a compute-bound step: matmul FLOPs at an achieved share (MFU) of the
-    GPU's bf16 dense peak, plus the unfused loss's traffic over the GPU's memory bandwidth.
+    GPU's bf16 dense peak, plus the unfused loss's traffic over the GPU's memory bandwidth, plus the masked
+    attention path's extra time per attention FLOP (`masked_attention_cost`).
 
     Learned from the large-batch slopes of calibrated ladders (`fit_compute_rate`), so it sees the
     per-sample cost that a setting's own launch-bound small batches hide.
@@ -193,20 +210,28 @@ class ComputeRate:
     mfu: float
     loss_bytes_per_logit: float
     n_ladders: int
+    masked_attention_cost: float = 0.0  # extra seconds per second of masked attention FLOPs at the GPU's peak
 
     def seconds_per_sample(self, arch: Architecture, setting: Setting, gpu: GpuSpec) -> float:
-        flops = setting_terms(arch, setting).flops_per_sample / (gpu.bf16_dense_tflops * 1e12 * self.mfu)
+        peak = gpu.bf16_dense_tflops * 1e12
+        terms = setting_terms(arch, setting)
         traffic = logit_elements_per_sample(arch, setting) * self.loss_bytes_per_logit / (gpu.memory_bandwidth_gbs * 1e9)
-        return flops + traffic
+        return terms.flops_per_sample / (peak * self.mfu) + traffic + self.masked_seconds(terms, gpu)
+
+    def masked_seconds(self, terms: SettingTerms, gpu: GpuSpec) -> float:
+        """The masked attention path's extra seconds per sample."""
+        return self.masked_attention_cost * terms.masked_attention_flops / (gpu.bf16_dense_tflops * 1e12)
 
     def to_json(self) -> dict:
-        return {"mfu": self.mfu, "loss_bytes_per_logit": self.loss_bytes_per_logit, "n_ladders": self.n_ladders}
+        return {"mfu": self.mfu, "loss_bytes_per_logit": self.loss_bytes_per_logit, "n_ladders": self.n_ladders,
+                "masked_attention_cost": self.masked_attention_cost}
 
     @classmethod
     def from_json(cls, data: dict | None) -> ComputeRate | None:
         if data is None:
             return None
-        return cls(float(data["mfu"]), float(data["loss_bytes_per_logit"]), int(data["n_ladders"]))
+        return cls(float(data["mfu"]), float(data["loss_bytes_per_logit"]), int(data["n_ladders"]),
+                   float(data["masked_attention_cost"]))
 
 
 @dataclass(frozen=True)
@@ -242,8 +267,9 @@ def ladder_slopes(records: list[dict]) -> list[LadderSlope]:
 MIN_LADDERS_FOR_LOSS_TRAFFIC = 3
 
 
-def fit_compute_rate(slopes: list[LadderSlope]) -> ComputeRate | None:
-    """MFU and loss traffic explaining the ladders' slopes, each ladder weighted by its relative error.
+def fit_compute_rate(slopes: list[LadderSlope], masked_attention_cost: float = 0.0) -> ComputeRate | None:
+    """MFU and loss traffic explaining the ladders' slopes, each ladder weighted by its relative error; the
+    masked attention path's share (`fit_masked_attention_cost`, from paired records) is taken out first.
 
     Both enter linearly (seconds = FLOPs/(peak·MFU) + logits·bytes/bandwidth), so a non-negative least
     squares in (1/MFU, bytes) fits them. The two are told apart only by ladders with and without the
@@ -254,11 +280,13 @@ def fit_compute_rate(slopes: list[LadderSlope]) -> ComputeRate | None:
     slopes = [s for s in slopes if s.seconds_per_sample > 0]
     if not slopes:
         return None
+    masked = ComputeRate(1.0, 0.0, 0, masked_attention_cost)
     flop_seconds = np.array([setting_terms(s.arch, s.setting).flops_per_sample / (s.gpu.bf16_dense_tflops * 1e12)
                              for s in slopes])
     logit_seconds = np.array([logit_elements_per_sample(s.arch, s.setting) / (s.gpu.memory_bandwidth_gbs * 1e9)
                               for s in slopes])
-    measured = np.array([s.seconds_per_sample for s in slopes])
+    measured = np.array([s.seconds_per_sample - masked.masked_seconds(setting_terms(s.arch, s.setting), s.gpu)
+                         for s in slopes])
     if len(slopes) >= MIN_LADDERS_FOR_LOSS_TRAFFIC and logit_seconds.any() and not logit_seconds.all():
         weight = 1 / measured
         features = np.column_stack([flop_seconds, logit_seconds]) * weight[:, None]
@@ -269,8 +297,44 @@ def fit_compute_rate(slopes: list[LadderSlope]) -> ComputeRate | None:
         inverse_mfu, loss_bytes = LinearRegression(fit_intercept=False, positive=True).fit(
             features, measured * weight).coef_
         if inverse_mfu > 0:
-            return ComputeRate(float(1 / inverse_mfu), float(loss_bytes), len(slopes))
-    return ComputeRate(float(np.median(flop_seconds / measured)), 0.0, len(slopes))
+            return ComputeRate(float(1 / inverse_mfu), float(loss_bytes), len(slopes), masked_attention_cost)
+    return ComputeRate(float(np.median(flop_seconds / measured)), 0.0, len(slopes), masked_attention_cost)
+
+
+# Pairs of one setting, batch and GPU measured with and without a padding mask, below which the masked path's
+# cost is not fitted (0: the unmasked time stands for the masked run).
+MIN_MASK_PAIRS = 3
+
+
+def fit_masked_attention_cost(records: Iterable[dict]) -> float:
+    """The masked path's extra step time per second of masked attention FLOPs at the GPU's peak, from records
+    that differ only in the padding mask: a least-squares line through the origin, so the large batches that
+    decide a plan weigh most.
+
+    On the H200 (12 pairs, query/KV head ratios 1, 4 and 7) a padded, masked batch ran 9-12% slower than
+    the same rows unpadded at batch 4 and more, about three times its attention FLOPs' time at the MFU: the
+    kernel that takes a mask is far slower than flash attention on the same products.
+    """
+    plain, masked = {}, []
+    for record in records:
+        if record.get("status") != "ok" or not record.get("seconds_per_step") or record.get("device", "cuda") != "cuda":
+            continue
+        try:
+            setting = Setting.from_dict(record)
+            arch, gpu = cached_architecture(setting.model), find_gpu(str(record.get("gpu_name")))
+        except FtplanError:
+            continue
+        key = (setting.with_(padding="none"), int(record["micro_batch"]), gpu.name)
+        if setting.padding == "none":
+            plain[key] = float(record["seconds_per_step"])
+        elif setting.masked and setting.attention == "sdpa" and setting.padding == "max_length":
+            flops = masked_attention_flops(arch, setting) * key[1] / (gpu.bf16_dense_tflops * 1e12)
+            masked.append((key, float(record["seconds_per_step"]), flops))
+    pairs = [(seconds - plain[key], flops) for key, seconds, flops in masked if key in plain]
+    if len(pairs) < MIN_MASK_PAIRS:
+        return 0.0
+    extra, flops = np.array(pairs).T
+    return max(0.0, float(extra @ flops / (flops @ flops)))
 
 
 @dataclass(frozen=True)
@@ -280,6 +344,7 @@ class SettingTerms:
     memory: MemoryTerms
     flops_per_sample: float
     optimizer_params: float  # trainable parameters this rank's optimizer updates
+    masked_attention_flops: float  # of flops_per_sample, those on SDPA's masked path
 
 
 _TERMS: dict[tuple[str, str, Setting], SettingTerms] = {}
@@ -290,7 +355,8 @@ def setting_terms(arch: Architecture, setting: Setting) -> SettingTerms:
     if key not in _TERMS:
         trainable = arch.trainable_params(setting.lora_rank, setting.lora_targets)
         _TERMS[key] = SettingTerms(memory_terms(arch, setting), _flops_per_sample(arch, setting),
-                                   trainable / setting.world_size if setting.uses_deepspeed else trainable)
+                                   trainable / setting.world_size if setting.uses_deepspeed else trainable,
+                                   masked_attention_flops(arch, setting))
     return _TERMS[key]
 
 
@@ -321,6 +387,7 @@ class PriorConstants:
     fragmentation: float = DEFAULT_FRAGMENTATION
     mfu: float = DEFAULT_MFU
     loss_bytes_per_logit: float = DEFAULT_LOSS_BYTES_PER_LOGIT
+    masked_attention_cost: float = 0.0  # none measured: the unmasked time stands for the masked run
     step_overhead_seconds: float = DEFAULT_STEP_OVERHEAD_SECONDS
     cpu_adam_seconds_per_param: float = DEFAULT_CPU_ADAM_SECONDS_PER_PARAM
     memory_margin: float = DEFAULT_MEMORY_MARGIN
@@ -365,7 +432,7 @@ def prior_estimate(arch: Architecture, setting: Setting, batch: int, gpu: GpuSpe
     seconds per sample (FLOPs at the MFU, and the unfused loss's memory traffic)."""
     sample_scale = constants.liger_sample_scale if setting.liger else constants.sample_scale
     allocated = setting_terms(arch, setting).memory.peak(batch, constants.static_scale, sample_scale)
-    rate = ComputeRate(constants.mfu, constants.loss_bytes_per_logit, 0)
+    rate = ComputeRate(constants.mfu, constants.loss_bytes_per_logit, 0, constants.masked_attention_cost)
     compute = constants.step_overhead_seconds + batch * rate.seconds_per_sample(arch, setting, gpu)
     optimizer = optimizer_seconds(arch, setting, gpu, constants.cpu_adam_seconds_per_param)
     return PriorEstimate(allocated, allocated * constants.fragmentation_of(setting)[0], compute + optimizer, compute,
@@ -404,8 +471,10 @@ def _observations(records: Iterable[dict], catalog: dict[str, GpuSpec] | None) -
     return found
 
 
-def fit_constants(records: Iterable[dict], catalog: dict[str, GpuSpec] | None = None, scope: str = "calibrations") -> PriorConstants:
-    """Learn the prior's constants from calibration records; defaults where too few records inform one."""
+def fit_constants(records: Iterable[dict], catalog: dict[str, GpuSpec] | None = None, scope: str = "calibrations",
+                  masked_attention_cost: float | None = None) -> PriorConstants:
+    """Learn the prior's constants from calibration records; defaults where too few records inform one. The
+    masked path's cost is the given one (a kernel's speed, pooled over models) or these records' own."""
     records = list(records)
     observations = _observations(records, catalog)
     if len(observations) < MIN_RECORDS_TO_FIT:
@@ -428,7 +497,8 @@ def fit_constants(records: Iterable[dict], catalog: dict[str, GpuSpec] | None = 
     checkpointed_fragmentation, checkpointed_reserved_margin, checkpointed_worst_fragmentation = _fragmentation(
         reserved, measured, predicted, (reserved > 0) & checkpointed, near_capacity, pooled)
 
-    time = _time_constants([o for o in observations if o.seconds], _all_ladder_slopes(records))
+    time = _time_constants([o for o in observations if o.seconds], _all_ladder_slopes(records),
+                           fit_masked_attention_cost(records) if masked_attention_cost is None else masked_attention_cost)
     return PriorConstants(static_scale=static_scale, sample_scale=sample_scale,
                           liger_sample_scale=liger_sample_scale, fragmentation=fragmentation,
                           memory_margin=memory_margin, reserved_margin=reserved_margin,
@@ -496,11 +566,12 @@ def _memory_scales(features: np.ndarray, measured: np.ndarray) -> tuple[float, .
     return tuple(next(scales) if used else 1.0 for used in columns)
 
 
-def _time_constants(observations: list[_Observation], slopes: list[LadderSlope]) -> dict:
+def _time_constants(observations: list[_Observation], slopes: list[LadderSlope], masked_attention_cost: float) -> dict:
     """The compute rate from the ladders' large-batch slopes; the per-step overhead as the median of
     what runs with the optimizer on the GPU spent beyond it; CPU-Adam speed from offloaded runs;
     and the time margin."""
-    rate = fit_compute_rate(slopes) or ComputeRate(DEFAULT_MFU, DEFAULT_LOSS_BYTES_PER_LOGIT, 0)
+    rate = (fit_compute_rate(slopes, masked_attention_cost)
+            or ComputeRate(DEFAULT_MFU, DEFAULT_LOSS_BYTES_PER_LOGIT, 0, masked_attention_cost))
 
     def beyond_compute(o: _Observation) -> float:
         return o.seconds - o.batch * rate.seconds_per_sample(o.arch, o.setting, o.gpu)
@@ -510,7 +581,8 @@ def _time_constants(observations: list[_Observation], slopes: list[LadderSlope])
     overhead = max(0.0, statistics.median(overheads)) if overheads else DEFAULT_STEP_OVERHEAD_SECONDS
     speeds = [(beyond_compute(o) - overhead) / setting_terms(o.arch, o.setting).optimizer_params
               for o in observations if o.setting.offload_optimizer and beyond_compute(o) > overhead]
-    time = {"mfu": rate.mfu, "loss_bytes_per_logit": rate.loss_bytes_per_logit, "step_overhead_seconds": overhead,
+    time = {"mfu": rate.mfu, "loss_bytes_per_logit": rate.loss_bytes_per_logit,
+            "masked_attention_cost": rate.masked_attention_cost, "step_overhead_seconds": overhead,
             "cpu_adam_seconds_per_param": statistics.median(speeds) if speeds else DEFAULT_CPU_ADAM_SECONDS_PER_PARAM}
     if not observations:
         return {**time, "time_margin": DEFAULT_TIME_MARGIN}
