@@ -117,3 +117,72 @@ def test_plan_emit_says_how_to_rehearse_the_folder_and_its_gpu_time(tmp_path, ca
     assert code == 0, err
     minutes = rehearsal_seconds(read_plan(folder), 20) / 60
     assert f"`ftplan rehearse {folder}`" in out and f"about {minutes:.1f} GPU-minutes" in out
+
+
+def _search_runs(runs_at, usable=137, lower=True, grow=True, start=(5, 1)):
+    """Drive a BatchSearch with reserved GiB per micro-batch (None: out of memory); the splits it asked for."""
+    from ftplan.planner.rehearse import BatchSearch, Rehearsal
+
+    search, split, asked = BatchSearch(usable * GIB, lower, grow), start, []
+    while split is not None:
+        asked.append(split)
+        reserved = runs_at(split[0])
+        status = "oom" if reserved is None else "ok"
+        split = search.saw(Rehearsal(split[0], split[1], status, "", {"peak_reserved_bytes": (reserved or 0) * GIB},
+                                     usable * GIB))
+    return asked, search.answer
+
+
+GIB = 2**30
+
+
+def test_a_safe_run_with_room_is_raised_to_the_largest_split_that_runs_safely():
+    # Llama-3-8B LoRA on the H200: 105.6 GiB reserved at the planned 5, 123.6 at 6 (17 GiB a sample over 16 static)
+    asked, answer = _search_runs(lambda b: 16 + 17.9 * b)
+    assert asked == [(5, 1), (6, 1)] and answer.micro_batch == 6  # 7 would reserve 141: not tried
+    # a raise that overshoots is bisected back, and the largest safe split is kept
+    asked, answer = _search_runs(lambda b: None if b > 44 else 20 + 2.4 * b, start=(39, 1))
+    assert asked[:2] == [(39, 1), (47, 1)] and asked[2] == (43, 1)
+    assert answer.micro_batch == max(b for b, _ in asked if b <= 44) and len(asked) <= 4
+
+
+def test_no_raise_without_room_or_when_asked_not_to_and_lowering_is_unchanged():
+    assert _search_runs(lambda b: 130, start=(9, 1))[0] == [(9, 1)]  # 9 * 137 / 130 rounds down to 9
+    assert _search_runs(lambda b: 20 * b, grow=False)[0] == [(5, 1)]
+    asked, answer = _search_runs(lambda b: 15 * b, start=(10, 1))  # 150 GiB: over by 9%, lowered to 9 x 2
+    assert asked[:2] == [(10, 1), (9, 2)] and answer.micro_batch == 9 and answer.safe
+    assert _search_runs(lambda b: 15 * b, start=(10, 1), lower=False)[0] == [(10, 1)]
+
+
+def test_only_a_plan_that_chose_its_own_global_batch_and_accumulates_nothing_grows(tmp_path, capsys, monkeypatch):
+    from ftplan.planner.rehearse import can_grow
+
+    numbers = read_plan(emit(tmp_path, capsys, monkeypatch))
+    assert numbers["global_batch_asked"] is None and can_grow(numbers)
+    assert not can_grow({**numbers, "accumulation": 2})
+    assert not can_grow({**numbers, "global_batch_asked": 64})
+    assert not can_grow({key: value for key, value in numbers.items() if key != "global_batch_asked"})  # older folder
+
+
+def test_rehearse_ends_the_folder_at_the_largest_safe_batch_and_records_every_run(tmp_path, capsys, monkeypatch):
+    """The whole loop on a fake GPU: each run's reserved memory grows with the folder's micro-batch."""
+    import ftplan.planner.rehearse as rehearse
+
+    folder = emit(tmp_path, capsys, monkeypatch)
+    planned, usable = read_plan(folder)["micro_batch"], read_plan(folder)["usable_bytes"]
+
+    def fake_run(directory, steps, timeout, log):
+        micro = read_plan(directory)["micro_batch"]
+        reserved = usable * (0.2 + 0.8 * micro / (planned + 2.5))  # planned + 2 is the largest that fits
+        return {"status": "ok", "message": "", "peak_reserved_bytes": int(reserved), "gpu_name": "NVIDIA H200"}
+
+    monkeypatch.setattr(rehearse, "cuda_problem", lambda: None)
+    monkeypatch.setattr(rehearse, "run_once", fake_run)
+    records = []
+    search = rehearse.rehearse_folder(folder, 3, 60, True, tmp_path / "logs", records.append, lambda _: None)
+    numbers = read_plan(folder)
+    assert search.answer.micro_batch == numbers["micro_batch"] == planned + 2
+    assert len(records) == len(search.runs) == len(numbers["rehearsals"]) and records[0]["micro_batch"] == planned
+    assert json.loads((folder / TRAINING_ARGS).read_text())["per_device_train_batch_size"] == planned + 2
+    assert (folder / README).read_text().rstrip().splitlines()[-1].startswith("VERIFIED by `ftplan rehearse`: "
+                                                                              f"micro-batch {planned + 2}")

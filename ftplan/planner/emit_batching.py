@@ -37,6 +37,7 @@ class PlannedBatch:
     from_dataset: bool
     alloc_conf: str = ""  # PYTORCH_CUDA_ALLOC_CONF of the planned recipe: what its predictions were made for
     setting: Setting | None = None  # the planned recipe (collator padding, attention, dtype)
+    global_batch: int | None = None  # the global batch the user asked for (--global-batch); None: the plan's own
 
 
 def planned_batch(setup: SetupPlan, request: PlanRequest, dataset: DatasetPlan | None) -> PlannedBatch:
@@ -49,7 +50,7 @@ def planned_batch(setup: SetupPlan, request: PlanRequest, dataset: DatasetPlan |
     limited, strategy = dataset.limited, dataset.options.strategy
     return PlannedBatch(choice.micro_batch, choice.accumulation, strategy, choice.batching.memory_length,
                         limited.limit if limited.over else None, limited.too_long, True,
-                        setup.setting.alloc_conf, setup.setting)
+                        setup.setting.alloc_conf, setup.setting, dataset.options.global_batch)
 
 
 def sampler_args(batch: PlannedBatch) -> dict:

@@ -1,5 +1,6 @@
-"""`ftplan rehearse DIR`: run what `plan --emit DIR` wrote on the GPU, judge it against the card, and lower
-the batch (keeping the global batch) until a rehearsal runs inside the plan's memory budget.
+"""`ftplan rehearse DIR`: run what `plan --emit DIR` wrote on the GPU, judge it against the card, lower the
+batch (keeping the global batch) until a rehearsal runs inside the plan's memory budget, and raise it while a
+safe run leaves room (where the plan chose the global batch itself).
 
 A calibration trial measures a setting; a rehearsal measures the emitted folder itself (its collator, mask,
 model loading, allocator setting and batch split), on the dataset's heaviest batches. Only a batch whose own
@@ -32,7 +33,7 @@ REHEARSAL_COMMAND = (sys.executable, "-m", "ftplan.calibration.rehearsal")
 PLAN_KEYS = ("setting", "micro_batch", "accumulation", "strategy", "length", "limit", "too_long", "headline",
              "usable_bytes", "predicted", "rehearsals", "lengths")
 DEFAULT_STEPS = 20  # enough for the heaviest batches and a random mix after them
-MAX_ATTEMPTS = 4  # the first run and three lowered batches: a plan off by more needs a new calibration
+MAX_ATTEMPTS = 4  # the first run and three more (lowered, raised or bisected): a plan off by more needs a calibration
 
 
 @dataclass(frozen=True)
@@ -143,36 +144,95 @@ def record_of(numbers: dict, rehearsal: Rehearsal, digest: str, seconds: float, 
 
 
 def rehearse_folder(directory: Path, steps: int, timeout: float, lower: bool, log_dir: Path,
-                    on_record: Callable[[dict], None], progress: Callable[[str], None]) -> list[Rehearsal]:
-    """Rehearse, and while a run is not safe and lowering is allowed, lower the batch, rewrite the folder and
-    rehearse again. Each run's record goes to on_record as soon as it ended, so a kill loses none."""
+                    on_record: Callable[[dict], None], progress: Callable[[str], None],
+                    grow: bool = True) -> BatchSearch:
+    """Rehearse the folder's batch split, then the splits a BatchSearch asks for (lowered while unsafe, raised
+    while a safe run left room), rewriting the folder before each; it ends at the largest split that ran safely,
+    or at the last one tried (the search's answer). Each run's record goes to on_record as soon as it ended, so a
+    kill loses none."""
     problem = cuda_problem()
     if problem:
         raise FtplanError(f"rehearse needs the GPU the plan is for: {problem}")
     numbers = read_plan(directory)
-    runs: list[Rehearsal] = []
-    micro, accumulation = numbers["micro_batch"], numbers["accumulation"]
-    for attempt in range(MAX_ATTEMPTS):
-        progress(f"rehearsal {attempt + 1}: micro-batch {micro} x accumulation {accumulation}, {steps} steps")
+    search = BatchSearch(numbers["usable_bytes"], lower, grow and can_grow(numbers))
+    split: tuple[int, int] | None = (numbers["micro_batch"], numbers["accumulation"])
+    while split is not None:
+        micro, accumulation = split
+        if (micro, accumulation) != (numbers["micro_batch"], numbers["accumulation"]):
+            rewrite_rehearsed(directory, micro, accumulation, search.runs[-1].summary(),
+                              f"TRYING micro-batch {micro} x accumulation {accumulation} after {search.runs[-1].verdict} "
+                              f"at {search.runs[-1].micro_batch}.")
+            numbers = read_plan(directory)
+        progress(f"rehearsal {len(search.runs) + 1}: micro-batch {micro} x accumulation {accumulation}, {steps} steps")
         digest = hashlib.sha256((Path(directory) / TRAINING_ARGS_PY).read_bytes()).hexdigest()
         started = time.monotonic()
         result = run_once(Path(directory).resolve(), steps, timeout, log_dir / f"rehearsal-b{micro}.log")
         run = Rehearsal(micro, accumulation, result["status"], result["message"], result, numbers["usable_bytes"])
-        runs.append(run)
         on_record(record_of(numbers, run, digest, time.monotonic() - started, Path(directory).name))
         progress(f"  {run.verdict}; peak {run.reserved / GIB:.2f} GiB reserved")
-        if run.safe or not lower or micro == 1 or run.status == "error":
-            note = (f"VERIFIED by `ftplan rehearse`: micro-batch {micro} ran {steps} steps on {result.get('gpu_name')}, "
-                    f"the heaviest batches first, {run.reserved / GIB:.2f} GiB reserved of "
-                    f"{numbers['usable_bytes'] / GIB:.2f} usable." if run.safe else
-                    f"NOT VERIFIED: `ftplan rehearse` at micro-batch {micro}: {run.verdict}.")
-            rewrite_rehearsed(directory, micro, accumulation, run.summary(), note)
-            return runs
-        new_micro, new_accumulation = lowered(micro, accumulation, max(run.reserved, numbers["usable_bytes"] + 1),
-                                              numbers["usable_bytes"])
-        rewrite_rehearsed(directory, new_micro, new_accumulation, run.summary(),
-                          f"LOWERED by `ftplan rehearse`: micro-batch {micro} {run.verdict}; now {new_micro} x "
-                          f"accumulation {new_accumulation}.")
-        micro, accumulation = new_micro, new_accumulation
-        numbers = read_plan(directory)
-    return runs
+        split = search.saw(run)
+    final = search.answer
+    rewrite_rehearsed(directory, final.micro_batch, final.accumulation, search.runs[-1].summary(),
+                      final_note(final, search.runs, steps))
+    return search
+
+
+def can_grow(numbers: dict) -> bool:
+    """A larger micro-batch may replace the planned one only where the plan chose the global batch itself (no
+    --global-batch asked) and accumulates nothing: then the plan's own aim is the largest safe micro-batch."""
+    return numbers["accumulation"] == 1 and numbers.get("global_batch_asked", 0) is None
+
+
+def final_note(final: Rehearsal, runs: list[Rehearsal], steps: int) -> str:
+    """README.txt's line on where the rehearsals ended."""
+    tried = ", ".join(f"{r.micro_batch} ({r.verdict.split(' (')[0]})" for r in runs)
+    if not final.safe:
+        return f"NOT VERIFIED: `ftplan rehearse` at micro-batch {final.micro_batch}: {final.verdict}. Tried: {tried}."
+    return (f"VERIFIED by `ftplan rehearse`: micro-batch {final.micro_batch} x accumulation {final.accumulation} ran "
+            f"{steps} steps on {final.result.get('gpu_name')}, the heaviest batches first, "
+            f"{final.reserved / GIB:.2f} GiB reserved of {final.usable_bytes / GIB:.2f} usable. Tried: {tried}.")
+
+
+class BatchSearch:
+    """Which batch split to rehearse next, from the runs so far.
+
+    An unsafe run lowers the micro-batch (by the share it went over, keeping the global batch), or, above a
+    split that ran safely, bisects between the two. A safe run with room left raises it, when growing is
+    allowed, to where the run's reserved memory, grown in proportion to the micro-batch, meets the budget: that
+    over-counts the growth (the weights do not grow), so the next split is rarely over, and it is rehearsed
+    before it is kept. Planned batches were 80-89% of the largest safe one in six of nine H200 probes.
+    """
+
+    def __init__(self, usable_bytes: int, lower: bool, grow: bool) -> None:
+        self.usable_bytes, self.lower, self.grow = usable_bytes, lower, grow
+        self.runs: list[Rehearsal] = []
+
+    @property
+    def answer(self) -> Rehearsal:
+        """The largest split that ran safely, else the last run."""
+        safe = [r for r in self.runs if r.safe]
+        return max(safe, key=lambda r: r.micro_batch) if safe else self.runs[-1]
+
+    def saw(self, run: Rehearsal) -> tuple[int, int] | None:
+        """The next split to rehearse after this run, or None to stop."""
+        self.runs.append(run)
+        if run.status == "error" or len(self.runs) >= MAX_ATTEMPTS:
+            return None
+        safe = [r.micro_batch for r in self.runs if r.safe]
+        unsafe = [r.micro_batch for r in self.runs if not r.safe]
+        above = min((u for u in unsafe if not safe or u > max(safe)), default=None)
+        if not run.safe:
+            if safe:
+                middle = (max(safe) + run.micro_batch) // 2
+                return (middle, 1) if middle > max(safe) else None
+            if not self.lower or run.micro_batch == 1:
+                return None
+            return lowered(run.micro_batch, run.accumulation, max(run.reserved, self.usable_bytes + 1),
+                           self.usable_bytes)
+        if not self.grow or run.micro_batch < max(safe):
+            return None
+        target = math.floor(run.micro_batch * self.usable_bytes / max(run.reserved, 1))
+        if above is not None:
+            target = min(target, above - 1)
+        return (target, 1) if target > run.micro_batch else None
+

@@ -1,4 +1,5 @@
-"""`ftplan rehearse DIR`: run the folder `plan --emit` wrote on this machine's GPU, and lower its batch until safe."""
+"""`ftplan rehearse DIR`: run the folder `plan --emit` wrote on this machine's GPU, lower its batch until safe and
+raise it while a safe run leaves room."""
 
 from __future__ import annotations
 
@@ -24,12 +25,18 @@ REHEARSALS_FILE = "rehearsals.jsonl"
 @click.option("--lower/--no-lower", default=True, show_default=True,
               help="When a run runs out of memory or reserves more than the plan's budget, lower the micro-batch "
                    "(raising gradient accumulation to keep the global batch), rewrite the folder and run again.")
+@click.option("--grow/--no-grow", default=True, show_default=True,
+              help="When a run is safe with room to spare, rehearse a larger micro-batch (up to the budget, the "
+                   "memory grown in proportion) and keep the largest that runs safely. Only for plans that chose "
+                   "the global batch themselves (no --global-batch) and accumulate nothing.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=900.0, show_default=True,
               help="Seconds one run may take before it is ended.")
 @click.option("--dry-run", is_flag=True, help="Print what would run and its GPU time; run nothing.")
-def command(directory: Path, steps: int, out: Path | None, lower: bool, timeout: float, dry_run: bool) -> None:
+def command(directory: Path, steps: int, out: Path | None, lower: bool, grow: bool, timeout: float,
+            dry_run: bool) -> None:
     """Run what `ftplan plan --emit DIRECTORY` wrote, unchanged, for a few steps on the dataset's heaviest
-    batches; a batch that ran inside the plan's budget is verified, one that did not is lowered."""
+    batches; a batch that ran inside the plan's budget is verified (and a larger one tried while there is room),
+    one that did not is lowered. The folder ends at the largest batch that ran safely."""
     numbers = read_plan(directory)
     estimate = rehearsal_seconds(numbers, steps)
     click.echo(f"{numbers['headline']}: micro-batch {numbers['micro_batch']} x accumulation "
@@ -38,11 +45,11 @@ def command(directory: Path, steps: int, out: Path | None, lower: bool, timeout:
     if dry_run:
         return
     out = out or USER_CALIBRATIONS / REHEARSALS_FILE
-    runs = rehearse_folder(directory, steps, timeout, lower, out.parent / "logs",
-                           on_record=lambda record: append_record(out, record), progress=click.echo)
-    last = runs[-1]
-    click.echo(f"{'verified' if last.safe else 'NOT verified'}: micro-batch {last.micro_batch} x accumulation "
-               f"{last.accumulation} ({len(runs)} run{'s' if len(runs) > 1 else ''}; records in {out}; "
-               f"{directory} {'rewritten' if len(runs) > 1 else 'notes the result'})")
-    if not last.safe:
+    search = rehearse_folder(directory, steps, timeout, lower, out.parent / "logs",
+                             on_record=lambda record: append_record(out, record), progress=click.echo, grow=grow)
+    final, runs = search.answer, len(search.runs)
+    click.echo(f"{'verified' if final.safe else 'NOT verified'}: micro-batch {final.micro_batch} x accumulation "
+               f"{final.accumulation} ({runs} run{'s' if runs > 1 else ''}; records in {out}; "
+               f"{directory} {'rewritten' if runs > 1 else 'notes the result'})")
+    if not final.safe:
         raise click.exceptions.Exit(EXIT_DOES_NOT_FIT)
