@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ftplan.cli.render import print_table
+from ftplan.core.settings import Setting
 from tests.helpers import run_ftplan
 
 PLAN_8B = ["plan", "--model", "llama-3-8b", "--dataset-size", 19692, "--gpu", "A100-80GB", "--gpus", 8]
@@ -103,3 +104,12 @@ def test_piped_models_show_whole_parameter_counts(capsys, monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
     code, out, _ = run_ftplan(["models"], capsys, monkeypatch)
     assert code == 0 and "6,738,415,616" in out and "8,030,261,248" in out and "…" not in out
+
+
+def test_setups_that_differ_only_in_lora_targets_or_layout_read_differently():
+    from ftplan.planner.search import SetupPlan
+
+    attention_only = Setting("olmoe-1b-7b", lora_rank=16, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"))
+    assert SetupPlan(attention_only, None).label.endswith("on q+k+v+o")
+    assert "on " not in SetupPlan(attention_only.with_(lora_targets=Setting("x").lora_targets), None).label
+    assert "2x8gpu" in Setting("llama-3-8b", gpus=8, nodes=2).label()  # nodes × GPUs, as the tables write it

@@ -137,7 +137,7 @@ class Setting:
         parts.append({"max_length": "padded", "longest": "dynpad", "packed": "packed"}.get(self.padding, ""))
         parts.append(self.attention if self.attention != "sdpa" else "")
         if self.world_size > 1:
-            parts.append(f"{self.gpus}x{self.nodes}gpu" if self.nodes > 1 else f"{self.gpus}gpu")
+            parts.append(f"{self.nodes}x{self.gpus}gpu" if self.nodes > 1 else f"{self.gpus}gpu")  # nodes × GPUs, as tables
         return " ".join(p for p in parts if p)
 
     def with_(self, **changes) -> Setting:
