@@ -14,7 +14,7 @@ from rich.table import Table
 from ftplan.core.hardware import GpuSpec, aliases_of
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
-from ftplan.models.communication import describe_layout
+from ftplan.models.communication.layout import describe_layout
 from ftplan.models.eta import Eta, format_duration
 from ftplan.models.prediction import SOURCE_MEASURED, Prediction
 from ftplan.models.safe_batch import MemoryBudget

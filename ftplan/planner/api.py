@@ -23,7 +23,9 @@ from ftplan.core.errors import FtplanError
 from ftplan.core.recipe import check_alloc_conf
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
-from ftplan.models.communication import Links, describe_layout, estimate_overlap
+from ftplan.models.communication.estimates import estimate_overlap
+from ftplan.models.communication.layout import describe_layout
+from ftplan.models.communication.links import Links
 from ftplan.models.eta import check_samples
 from ftplan.models.prediction import Prediction
 from ftplan.models.scaling import DEFAULT_GPUS_PER_NODE, node_layout, parse_gpu_counts

@@ -20,7 +20,7 @@ from ftplan.cli.render import eta_lines, host_line
 from ftplan.core.architecture import load_architecture
 from ftplan.core.errors import EXIT_DOES_NOT_FIT
 from ftplan.core.units import GIB
-from ftplan.models.communication import describe_layout
+from ftplan.models.communication.layout import describe_layout
 from ftplan.models.eta import estimate_eta
 from ftplan.models.host_memory import host_bytes_per_node, usable_host_bytes
 from ftplan.planner.as_data import eta_to_dict, prediction_to_dict
