@@ -1,4 +1,5 @@
-"""What communication adds to a data-parallel step on a cluster: links, collective costs, the step time and the constants fitted to records.
+"""What communication adds to a data-parallel step on a cluster: links, collective costs, the step time and
+the constants fitted to records.
 
 One step on N = gpus_per_node x nodes ranks (each with the same micro-batch, so the per-step
 overheads a single GPU pays, data loading, the optimizer step of an unpartitioned model and the

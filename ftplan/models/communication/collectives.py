@@ -1,4 +1,5 @@
-"""What one collective costs over given links, after NCCL's own tuner, and how DDP's gradient buckets queue behind backward.
+"""What one collective costs over given links, after NCCL's own tuner, and how DDP's gradient buckets queue
+behind backward.
 
 Collectives follow the cost model of NCCL's own tuner (src/graph/tuning.cc, ncclTopoTuneModel and
 ncclTopoGetAlgoTime): time = a base latency + hops x per-hop latency + bytes / bandwidth, where a
@@ -93,7 +94,8 @@ def gradient_buckets(nbytes: int, bucket_bytes: int = DDP_BUCKET_BYTES,
 def bucketed_seconds(nbytes: int, passes: int, gpus_per_node: int, nodes: int, links: Links,
                      bucket_bytes: int = DDP_BUCKET_BYTES) -> float:
     """Collective seconds of nbytes sent bucket by bucket, none hidden: each bucket pays its own latency."""
-    return sum(collective_seconds(b, passes, gpus_per_node, nodes, links) for b in gradient_buckets(nbytes, bucket_bytes))
+    return sum(collective_seconds(b, passes, gpus_per_node, nodes, links)
+               for b in gradient_buckets(nbytes, bucket_bytes))
 
 
 def exposed_bucket_seconds(nbytes: int, backward_seconds: float, passes: int, gpus_per_node: int, nodes: int,

@@ -1,4 +1,5 @@
-"""Network constants estimated from calibration records: the spread of step times and how much communication overlaps backward."""
+"""Network constants estimated from calibration records: the spread of step times and how much communication
+overlaps backward."""
 
 from __future__ import annotations
 

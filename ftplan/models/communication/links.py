@@ -1,4 +1,5 @@
-"""The links a cluster's collectives cross: their bandwidths and latencies, from the shipped catalog, a user's figure or a measurement.
+"""The links a cluster's collectives cross: their bandwidths and latencies, from the shipped catalog, a user's
+figure or a measurement.
 
 Between nodes without RDMA (no InfiniBand, EFA or RoCE) NCCL runs its socket transport: data
 bounce through host memory and CPU proxy threads push them into TCP sockets. One GPU per node gets

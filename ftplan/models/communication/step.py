@@ -1,4 +1,5 @@
-"""Seconds per data-parallel step: the slowest rank's compute, the collectives that do not hide behind backward, host transfers.
+"""Seconds per data-parallel step: the slowest rank's compute, the collectives that do not hide behind backward,
+host transfers.
 
 Every step waits for the slowest rank: with step times spread by a coefficient of variation cv,
 the expected maximum of N of them is mean x (1 + cv x z_N), z_N the expected maximum of N standard
@@ -100,7 +101,8 @@ class _DataParallelStep:
         return self._reducing_once() + host
 
     def _gathering_every_micro_step(self) -> float:
-        """ZeRO-3 gathers parameters and reduce-scatters gradients in every micro-step, so each one meets the other ranks."""
+        """ZeRO-3 gathers parameters and reduce-scatters gradients in every micro-step, so each one meets the other
+        ranks."""
         exposed = exposed_communication_seconds(self.traffic, self.compute_seconds, self.backward_seconds,
                                                 self.gpus_per_node, self.nodes, self.links, self.overlap,
                                                 self.bucket_bytes)

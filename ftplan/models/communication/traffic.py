@@ -1,4 +1,5 @@
-"""What one optimizer step sends between ranks, and how much of that the step waits for once backward hides what it can."""
+"""What one optimizer step sends between ranks, and how much of that the step waits for once backward hides
+what it can."""
 
 from __future__ import annotations
 
