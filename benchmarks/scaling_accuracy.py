@@ -7,7 +7,7 @@ model sees only what the source states (or, in the `assumed` column, what we had
 1. one GPU's compute per micro-step is solved from the baseline's measured step time (the model run
    backwards on the baseline layout), except where the source gives only a speed-up, where it comes
    from ftplan's prior for the stated GPU;
-2. the target layout's step time is predicted by ftplan.models.communication.data_parallel_step_seconds
+2. the target layout's step time is predicted by ftplan.models.communication.step.data_parallel_step_seconds
    with the stated links (data/networks.csv presets; a socket link shared by several GPUs of a node
    at the fraction of its bandwidth that published nccl-tests runs reach, data/tcp_allreduce.csv,
    unless the row's rate was observed in the run itself), the gradient bytes, the stack's bucket
@@ -41,17 +41,11 @@ from ftplan.core.hardware import find_gpu
 from ftplan.core.paths import calibrations_dir
 from ftplan.store.records import RecordWarning, read_records
 from ftplan.core.settings import Setting
-from ftplan.models.communication import (
-    DDP_BUCKET_BYTES,
-    Links,
-    StepTraffic,
-    data_parallel_step_seconds,
-    exposed_communication_seconds,
-    find_link,
-    socket_sharing_factor,
-    step_time_cv,
-    step_traffic,
-)
+from ftplan.models.communication.collectives import DDP_BUCKET_BYTES
+from ftplan.models.communication.estimates import step_time_cv
+from ftplan.models.communication.links import Links, find_link, socket_sharing_factor
+from ftplan.models.communication.step import data_parallel_step_seconds
+from ftplan.models.communication.traffic import StepTraffic, exposed_communication_seconds, step_traffic
 from ftplan.models.prior import fit_constants, prior_estimate
 
 MEASUREMENTS = Path(__file__).parent / "multinode" / "measurements.csv"

@@ -20,12 +20,9 @@ from ftplan.core.architecture import load_architecture
 from ftplan.core.hardware import find_gpu
 from ftplan.core.paths import calibrations_dir
 from ftplan.core.settings import Setting
-from ftplan.models.communication import (
-    estimate_overlap,
-    links_from_catalog,
-    step_time_cv,
-    step_traffic,
-)
+from ftplan.models.communication.estimates import estimate_overlap, step_time_cv
+from ftplan.models.communication.links import links_from_catalog
+from ftplan.models.communication.traffic import step_traffic
 from ftplan.models.prior import prior_estimate
 from ftplan.models.scaling import scaling_table
 from ftplan.store.records import RecordWarning, read_records

@@ -9,22 +9,11 @@ from hypothesis import strategies as st
 from ftplan.core.architecture import load_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.settings import Setting
-from ftplan.models.communication import (
-    DEFAULT_OVERLAP,
-    Links,
-    allreduce_seconds,
-    calibrated_links,
-    collective_seconds,
-    communication_seconds,
-    data_parallel_step_seconds,
-    estimate_overlap,
-    expected_max_normal,
-    find_link,
-    links_from_catalog,
-    parse_bandwidth,
-    step_time_cv,
-    step_traffic,
-)
+from ftplan.models.communication.collectives import allreduce_seconds, collective_seconds
+from ftplan.models.communication.estimates import estimate_overlap, step_time_cv
+from ftplan.models.communication.links import Links, calibrated_links, find_link, links_from_catalog, parse_bandwidth
+from ftplan.models.communication.step import data_parallel_step_seconds, expected_max_normal
+from ftplan.models.communication.traffic import DEFAULT_OVERLAP, communication_seconds, step_traffic
 
 LLAMA_7B = load_architecture("llama-2-7b")
 FULL = Setting("llama-2-7b")

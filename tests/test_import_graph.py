@@ -80,3 +80,25 @@ def test_a_plan_from_cached_fits_loads_no_heavy_library():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                          cwd=PACKAGE.parent).stdout
     assert out.strip() == "[]"
+
+
+# models/communication/: one job a module, each building only on those it names (no cycles, no reach upward).
+COMMUNICATION = {
+    "layout": set(),
+    "links": set(),
+    "collectives": {"links"},
+    "traffic": {"links", "collectives"},
+    "step": {"links", "collectives", "traffic"},
+    "estimates": {"links", "traffic"},
+}
+
+
+def test_the_communication_modules_use_only_those_below_them():
+    folder = PACKAGE / "models" / "communication"
+    assert {p.stem for p in folder.glob("*.py")} == {*COMMUNICATION, "__init__"}
+    wrong = []
+    for name, allowed in COMMUNICATION.items():
+        used = {node.module.rsplit(".", 1)[1] for node in ast.walk(ast.parse((folder / f"{name}.py").read_text()))
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ftplan.models.communication.")}
+        wrong += [f"{name} imports {m}" for m in used - allowed]
+    assert not wrong, wrong

@@ -17,22 +17,20 @@ from ftplan.core.architecture import load_architecture
 from ftplan.core.paths import calibrations_dir
 from ftplan.store.records import RecordWarning, read_records
 from ftplan.core.settings import Setting
-from ftplan.models.communication import (
+from ftplan.models.communication.collectives import (
     COLLECTIVE_BASE_LATENCY_S,
     DDP_BUCKET_BYTES,
     allreduce_seconds,
     collective_seconds,
-    communication_seconds,
-    expected_max_normal,
     exposed_bucket_seconds,
     gradient_buckets,
-    links_from_catalog,
     ring_seconds,
-    step_time_cv,
-    step_traffic,
-    straggler_factor,
     tree_seconds,
 )
+from ftplan.models.communication.estimates import step_time_cv
+from ftplan.models.communication.links import links_from_catalog
+from ftplan.models.communication.step import expected_max_normal, straggler_factor
+from ftplan.models.communication.traffic import communication_seconds, step_traffic
 
 CLOUD = links_from_catalog("pcie4-x16", "cloud")  # single-GPU cloud instances over TCP
 NVLINK = links_from_catalog("nvlink4", "ib-ndr")
@@ -158,7 +156,7 @@ def test_every_published_measurement_cites_its_source_and_quotes_it():
 def test_a_tcp_link_shared_by_eight_gpus_carries_about_half_of_what_one_gpu_gets():
     """NVIDIA/nccl#209, #398, #450: all_reduce_perf over TCP sockets reaches 96-98% of line rate with
     one GPU per node and 32-72% with eight (data/tcp_allreduce.csv)."""
-    from ftplan.models.communication import socket_sharing_factor
+    from ftplan.models.communication.links import socket_sharing_factor
 
     assert socket_sharing_factor(1) == 1.0
     assert 0.4 <= socket_sharing_factor(8) <= 0.6
@@ -181,7 +179,7 @@ def test_rdma_and_nvlink_links_are_not_discounted_as_sockets():
 def test_zero2_reduce_scatters_every_micro_step_and_gathers_the_update_once():
     """deepspeedai/DeepSpeed#2252: ZeRO-2 reduces after every backward (each rank keeps only its
     partition); ZeRO-1/2 all-gather the updated parameters once, after the optimizer step."""
-    from ftplan.models.communication import data_parallel_step_seconds
+    from ftplan.models.communication.step import data_parallel_step_seconds
 
     nbytes, micro, compute = 286 * 10**6, 8, 0.5
     one_pass = sum(collective_seconds(b, 1, 2, 2, CLOUD) for b in gradient_buckets(nbytes, 4 * 10**8))
@@ -194,7 +192,7 @@ def test_zero2_reduce_scatters_every_micro_step_and_gathers_the_update_once():
 
 
 def test_accumulation_averages_the_slowest_ranks_lead_over_its_micro_steps():
-    from ftplan.models.communication import data_parallel_step_seconds
+    from ftplan.models.communication.step import data_parallel_step_seconds
 
     cv, ranks, micro = 0.1, 64, 4
     step = data_parallel_step_seconds(1.0, 0, 8, 8, CLOUD, step_time_cv=cv, micro_steps=micro)

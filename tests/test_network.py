@@ -21,7 +21,7 @@ from ftplan.calibration.network import (
 )
 from ftplan.core.errors import FtplanError
 from ftplan.store.records import RecordWarning, append_record, iter_records, read_records
-from ftplan.models.communication import COLLECTIVE_BASE_LATENCY_S
+from ftplan.models.communication.collectives import COLLECTIVE_BASE_LATENCY_S
 from ftplan.cli.main import cli, main
 
 

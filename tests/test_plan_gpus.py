@@ -65,7 +65,7 @@ def test_more_bandwidth_between_nodes_is_never_slower():
     from ftplan.core.paths import calibrations_dir
     from ftplan.store.records import read_records
     from ftplan.core.settings import Setting
-    from ftplan.models.communication import links_from_catalog
+    from ftplan.models.communication.links import links_from_catalog
     from ftplan.models.predictor import Predictor
     from ftplan.models.safe_batch import MemoryBudget
     from ftplan.planner.gpu_counts import plan_at

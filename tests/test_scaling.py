@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from ftplan.cli.plots import plot_scaling
 from ftplan.core.errors import FtplanError
-from ftplan.models.communication import Links, links_from_catalog
+from ftplan.models.communication.links import Links, links_from_catalog
 from ftplan.models.scaling import (
     choose_gpu_count,
     node_layout,

@@ -33,7 +33,7 @@ from ftplan.calibration import launcher
 from ftplan.core.errors import FtplanError
 from ftplan.store.records import SCHEMA_VERSION, append_record
 from ftplan.core.units import GB
-from ftplan.models.communication import COLLECTIVE_BASE_LATENCY_S
+from ftplan.models.communication.collectives import COLLECTIVE_BASE_LATENCY_S
 
 BACKENDS = ("nccl", "gloo")
 DEFAULT_SIZES = (8, 64, 512, *(4096 * 4**i for i in range(9)))  # 8 B (latency) .. 256 MiB (bandwidth)

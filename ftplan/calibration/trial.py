@@ -182,27 +182,30 @@ def warmup_done(seconds: list[float], min_steps: int) -> bool:
     return len(seconds) >= max(min_steps, MAX_WARMUP_STEPS) or abs(seconds[-1] - seconds[-2]) <= SETTLED * seconds[-2]
 
 
+def _sync(device: str) -> None:
+    """Wait for the GPU's queued kernels, so a step's time is its own and not the launch of the next."""
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _slowest_rank(seconds: float, device: str) -> float:
+    """Every rank must end warm-up at the same step, or the ranks would wait on each other forever."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return seconds
+    value = torch.tensor([seconds], device="cuda" if device == "cuda" else "cpu")
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return float(value.item())
+
+
 def step_timer(device: str, warmup_steps: int, steps: int):
     """A TrainerCallback that warms up until step time settles (warmup_done), then times `steps`
     optimizer steps and stops training (synchronising only at step edges)."""
     from transformers import TrainerCallback
-
-    def sync() -> None:
-        if device == "cuda":
-            import torch
-
-            torch.cuda.synchronize()
-
-    def slowest_rank(seconds: float) -> float:
-        """Every rank must end warm-up at the same step, or the ranks would wait on each other forever."""
-        import torch
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-            return seconds
-        value = torch.tensor([seconds], device="cuda" if device == "cuda" else "cpu")
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
-        return float(value.item())
 
     class StepTimer(TrainerCallback):
         def __init__(self) -> None:
@@ -214,17 +217,17 @@ def step_timer(device: str, warmup_steps: int, steps: int):
         def on_step_begin(self, args, state, control, **kwargs):
             if self.measuring and not self.seconds:
                 measure.reset_peak_memory(device)  # peak over the measured steps, after one-off set-up
-            sync()
+            _sync(device)
             self._start = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
-            sync()
+            _sync(device)
             elapsed = time.perf_counter() - self._start
             if self.measuring:
                 self.seconds.append(elapsed)
                 control.should_training_stop = len(self.seconds) >= steps
             else:
-                self.warmup_seconds.append(slowest_rank(elapsed))
+                self.warmup_seconds.append(_slowest_rank(elapsed, device))
                 self.measuring = warmup_done(self.warmup_seconds, warmup_steps)
 
     return StepTimer()

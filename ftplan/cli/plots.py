@@ -224,7 +224,7 @@ def plot_gpu_scaling(predictor: Predictor, inter_node_gbs: float, base: Setting,
                      extra: list[Setting], out: Path) -> Path:
     """Speed-up and scaling efficiency against GPU count of the best full and LoRA setup, with where nodes start,
     where the best setup changes, and why any efficiency passes 100%."""
-    from ftplan.planner.gpu_counts import KINDS, plan_gpu_counts
+    from ftplan.planner.gpu_counts import plan_gpu_counts
 
     request = PlanRequest(base=base, dataset_size=dataset_size, epochs=epochs, gpu=gpu, budget=budget)
     scaling = plan_gpu_counts(predictor, request, gpu_counts, gpus_per_node, extra)
@@ -237,6 +237,22 @@ def plot_gpu_scaling(predictor: Predictor, inter_node_gbs: float, base: Setting,
     grid = figure.add_gridspec(2 if notes else 1, 2, height_ratios=[5.6, height] if notes else None)
     speed, efficiency = figure.add_subplot(grid[0, 0]), figure.add_subplot(grid[0, 1])
     counts = sorted({g for t in tables.values() for g in t["gpus"]}) or sorted(gpu_counts)
+    _draw_best_setups(speed, efficiency, tables, counts)
+    _style_scaling_axes(speed, efficiency, tables, counts, gpus_per_node, inter_node_gbs)
+    figure.suptitle(f"{base.model} on {gpu.name}, {base.seq_len} tokens a sample, {gpus_per_node} GPUs a node: "
+                    "best full and LoRA setup at each GPU count (labels: where the best setup changes)", fontsize=12)
+    if notes:
+        _write_notes(figure.add_subplot(grid[1, :]), notes)
+    path = out / SCALING_PNG.format(model=base.model, gpu=gpu.name)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def _draw_best_setups(speed, efficiency, tables: dict, counts: list[int]) -> None:
+    """Each kind's curves against the ideal, each named where its best setup changes: that is where a curve bends."""
+    from ftplan.planner.gpu_counts import KINDS
+
     speed.plot(counts, counts, color="grey", ls=":", label="ideal (speed-up = GPUs)")
     efficiency.axhline(1.0, color="grey", ls=":")
     for index, (kind, table) in enumerate(tables.items()):
@@ -250,6 +266,11 @@ def plot_gpu_scaling(predictor: Predictor, inter_node_gbs: float, base: Setting,
                                xytext=(6, -14) if index == 0 else (-6, 8), ha="left" if index == 0 else "right",
                                color=line.get_color())
             previous = setup
+
+
+def _style_scaling_axes(speed, efficiency, tables: dict, counts: list[int], gpus_per_node: int,
+                        inter_node_gbs: float) -> None:
+    """Shade the counts that span nodes, since the network, not the GPUs, sets their speed; then scales and legends."""
     if max(counts) > gpus_per_node:
         for axis in (speed, efficiency):
             axis.axvspan(gpus_per_node * 2 ** 0.5, max(counts) * 1.3, color="tab:red", alpha=0.07,
@@ -267,18 +288,14 @@ def plot_gpu_scaling(predictor: Predictor, inter_node_gbs: float, base: Setting,
     efficiency.set_ylim(0, top * 1.1)
     efficiency.set_ylabel("scaling efficiency (speed-up / GPUs)")
     efficiency.legend(fontsize=9, loc="lower left")
-    figure.suptitle(f"{base.model} on {gpu.name}, {base.seq_len} tokens a sample, {gpus_per_node} GPUs a node: "
-                    "best full and LoRA setup at each GPU count (labels: where the best setup changes)", fontsize=12)
-    if notes:
-        text = figure.add_subplot(grid[1, :])
-        text.axis("off")
-        lines = [textwrap.fill(note, 160, subsequent_indent="    ") for note in notes]
-        text.text(0, 1, "Efficiency above 100% (more than linear):\n" + "\n".join(lines), fontsize=9, va="top",
-                  transform=text.transAxes)
-    path = out / SCALING_PNG.format(model=base.model, gpu=gpu.name)
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+
+
+def _write_notes(text, notes: list[str]) -> None:
+    """Why an efficiency passes 100%, under the charts: a reader would otherwise take it for a bug."""
+    text.axis("off")
+    lines = [textwrap.fill(note, 160, subsequent_indent="    ") for note in notes]
+    text.text(0, 1, "Efficiency above 100% (more than linear):\n" + "\n".join(lines), fontsize=9, va="top",
+              transform=text.transAxes)
 
 
 def above_ideal_notes(tables: dict) -> list[str]:

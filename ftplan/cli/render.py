@@ -14,7 +14,7 @@ from rich.table import Table
 from ftplan.core.hardware import GpuSpec, aliases_of
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
-from ftplan.models.communication import describe_layout
+from ftplan.models.communication.layout import describe_layout
 from ftplan.models.eta import Eta, format_duration
 from ftplan.models.prediction import SOURCE_MEASURED, Prediction
 from ftplan.models.safe_batch import MemoryBudget
@@ -118,17 +118,33 @@ def plan_table(plan: Plan, failed: dict[Setting, str], show_all: bool = False) -
     Columns are few and short so the table fits a 100-column terminal; `#` is the rank among the setups of
     the kind asked for.
     """
+    sections = _plan_rows(plan, show_all)
+    priced = plan.request.price_per_gpu_hour is not None
+    offload = any(s.host_bytes for section in sections for s in section)
+    table = Table(title=_plan_title(plan, sections, show_all), **COMPACT)
+    _add_plan_columns(table, priced, offload, plan.request.host_memory_gib)
+    rank = {id(s): i for i, s in enumerate(plan.candidates, start=1)}
+    for section in sections:
+        for setup in section:
+            table.add_row(*_plan_cells(plan, setup, rank[id(setup)], failed, priced, offload),
+                          style="bold" if setup is plan.recommended else None)
+        table.add_section()
+    return table
+
+
+def _plan_title(plan: Plan, sections: list[list[SetupPlan]], show_all: bool) -> str:
+    """What the table is of, and how much of the plan it leaves out, so a short table is not read as all there is."""
     request = plan.request
     usable = request.budget.usable_bytes / GIB
-    priced = request.price_per_gpu_hour is not None
-    sections = _plan_rows(plan, show_all)
-    offload = any(s.host_bytes for section in sections for s in section)
     shown, kind = sum(map(len, sections)), {"any": "", "full": " full fine-tuning", "lora": " LoRA"}[request.training]
     which = (f"every{kind} setup that fits" if show_all else
              f"best of each family, {shown} of {len(plan.candidates)}{kind} setups that fit (--all lists every one)")
-    table = Table(title=f"{request.base.model}, {_samples(request)}, seq {request.base.seq_len}, "
-                        f"{request.base.world_size} × {request.gpu.name} ({usable:.1f} GiB usable per GPU): {which}",
-                  **COMPACT)
+    return (f"{request.base.model}, {_samples(request)}, seq {request.base.seq_len}, "
+            f"{request.base.world_size} × {request.gpu.name} ({usable:.1f} GiB usable per GPU): {which}")
+
+
+def _add_plan_columns(table: Table, priced: bool, offload: bool, host_memory_gib: float | None) -> None:
+    """Cost and host-RAM columns only where they say something, to keep the table within 100 columns."""
     table.add_column("#", no_wrap=True)
     table.add_column("setup", overflow="fold")  # squeezed, a word breaks across lines rather than lose letters
     table.add_column("batch", justify="right", no_wrap=True)
@@ -138,24 +154,23 @@ def plan_table(plan: Plan, failed: dict[Setting, str], show_all: bool = False) -
     if priced:
         table.add_column("cost", justify="right", no_wrap=True)
     if offload:
-        host = request.host_memory_gib
+        host = host_memory_gib
         table.add_column("host GiB" + (f"\nof {host:g}" if host is not None else ""), justify="right", no_wrap=True)
     table.add_column("evidence", overflow="fold")
-    rec = plan.recommended
-    rank = {id(s): i for i, s in enumerate(plan.candidates, start=1)}
-    for section in sections:
-        for setup in section:
-            best, eta = setup.best, setup.eta
-            cells = [f"→{rank[id(setup)]}" if setup is rec else str(rank[id(setup)]),
-                     _short_label(setup.label, request.base.seq_len),
-                     str(setup.batch), f"{best.peak_reserved.mean / GIB:.1f} ({best.peak_reserved.upper / GIB:.1f})",
-                     f"{eta.seconds_per_step:.2f}", format_duration(eta.total_seconds)]
-            cells += [_cost(eta)] if priced else []
-            cells += [_host_cell(setup)] if offload else []
-            cells.append(_source_cell(advice.source_label(setup, failed)))
-            table.add_row(*cells, style="bold" if setup is rec else None)
-        table.add_section()
-    return table
+
+
+def _plan_cells(plan: Plan, setup: SetupPlan, rank: int, failed: dict[Setting, str], priced: bool,
+                offload: bool) -> list[str]:
+    """One setup's row, in the columns _add_plan_columns made; an arrow marks the recommendation."""
+    best, eta = setup.best, setup.eta
+    cells = [f"→{rank}" if setup is plan.recommended else str(rank),
+             _short_label(setup.label, plan.request.base.seq_len),
+             str(setup.batch), f"{best.peak_reserved.mean / GIB:.1f} ({best.peak_reserved.upper / GIB:.1f})",
+             f"{eta.seconds_per_step:.2f}", format_duration(eta.total_seconds)]
+    cells += [_cost(eta)] if priced else []
+    cells += [_host_cell(setup)] if offload else []
+    cells.append(_source_cell(advice.source_label(setup, failed)))
+    return cells
 
 
 def training_table(plan: Plan, failed: dict[Setting, str]) -> Table:
@@ -177,8 +192,21 @@ def training_table(plan: Plan, failed: dict[Setting, str]) -> Table:
 
 
 def print_plan(plan: Plan, console: Console, failed: dict[Setting, str], show_all: bool = False) -> None:
-    budget = plan.request.budget
+    """The table, then what its terms mean and what it leaves out, so the recommendation after it is read in full."""
     print_table(console, plan_table(plan, failed, show_all))
+    _print_terms(plan, console)
+    _print_left_out(plan, console, show_all)
+    _print_caveats(plan, console, failed)
+    _print_recommendation(plan, console, failed)
+    for warning in advice.warnings_for(plan):
+        console.print(f"[yellow]warning:[/] {warning}")
+    for note in advice.notes_for(plan):
+        console.print(f"note: {note}")
+
+
+def _print_terms(plan: Plan, console: Console) -> None:
+    """What the table's memory, evidence and cost mean, since the columns are too narrow to say."""
+    budget = plan.request.budget
     console.print(f"Memory: {budget.describe()}; a batch is safe when it stays below any batch seen at the "
                   "allocator wall or OOM and either the upper bound of its predicted peak reserved memory or the "
                   "measured peak of a batch at least as large stays within it. "
@@ -188,6 +216,10 @@ def print_plan(plan: Plan, console: Console, failed: dict[Setting, str], show_al
     if plan.request.price_per_gpu_hour is not None:
         console.print(f"Cost = hours × {plan.request.price_per_gpu_hour:g} per GPU-hour × "
                       f"{plan.request.base.world_size} GPU(s).")
+
+
+def _print_left_out(plan: Plan, console: Console, show_all: bool) -> None:
+    """The setups the table leaves out, and why: too slow, too big for the GPU, or short of host RAM."""
     if plan.too_slow:
         console.print(f"Over --max-hours {plan.request.max_hours:g}: " + "; ".join(
             f"{s.label} ({format_duration(s.eta.total_seconds)})" for s in plan.too_slow))
@@ -200,11 +232,19 @@ def print_plan(plan: Plan, console: Console, failed: dict[Setting, str], show_al
         console.print(f"Not enough host RAM (you have {plan.request.host_memory_gib:g} GiB per node): " + "; ".join(
             f"{s.label} (needs {s.host_bytes / GIB:,.1f} GiB of host RAM per node for offloaded optimizer states)"
             for s in host_unfit))
+
+
+def _print_caveats(plan: Plan, console: Console, failed: dict[Setting, str]) -> None:
+    """What the host column leaves out and what was never measured, before a recommendation is read as certain."""
     if any(s.host_bytes for s in plan.ranked):
         console.print("host GiB: host RAM each node pins for CPU optimizer offload (optimizer states, master "
                       "weights, gradients; models/host_memory.py), a lower bound: the process itself comes on top.")
     for note in advice.unmeasured_notes(plan, failed):
         console.print(f"[red]unmeasured:[/] {note}")
+
+
+def _print_recommendation(plan: Plan, console: Console, failed: dict[Setting, str]) -> None:
+    """The recommendation and its reasons; with both kinds in play, the best of each first, as that choice is the user's."""
     rec = plan.recommended
     both = plan.request.training == "any" and len(advice.training_options(plan)) == 2
     if both:
@@ -216,10 +256,6 @@ def print_plan(plan: Plan, console: Console, failed: dict[Setting, str], show_al
         console.print(f"\n[bold]Recommendation: {rec.label}, batch {rec.batch} per GPU, "
                       f"ETA {format_duration(rec.eta.total_seconds)}[/]{which}")
         console.print(_bullets(advice.reasons(plan, training_note=not both)))
-    for warning in advice.warnings_for(plan):
-        console.print(f"[yellow]warning:[/] {warning}")
-    for note in advice.notes_for(plan):
-        console.print(f"note: {note}")
 
 
 def _bullets(lines: list[str]) -> Table:

@@ -12,13 +12,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ftplan.core.errors import FtplanError
-from ftplan.models.communication import (
-    DEFAULT_BACKWARD_FRACTION,
-    DEFAULT_OVERLAP,
-    Links,
-    data_parallel_step_seconds,
-    step_time_cv,
-)
+from ftplan.models.communication.estimates import step_time_cv
+from ftplan.models.communication.links import Links
+from ftplan.models.communication.step import data_parallel_step_seconds
+from ftplan.models.communication.traffic import DEFAULT_BACKWARD_FRACTION, DEFAULT_OVERLAP
 
 if TYPE_CHECKING:  # the tables are built for GPU-count plans only; a one-GPU plan needs no pandas
     import pandas as pd

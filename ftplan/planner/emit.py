@@ -79,17 +79,18 @@ def headline(setup: SetupPlan, request: PlanRequest) -> str:
     return f"{setup.label} for {setup.setting.model} on {setup.setting.world_size} x {request.gpu.name}"
 
 
-def readme(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch, plan_warnings: Sequence[str] = ()) -> str:
-    """How to use the files, and the collator, Liger and LoRA lines the Trainer arguments cannot carry."""
-    setting = setup.setting
+def _launch_command(setting: Setting) -> str:
+    """The launcher the setting's stack needs: DeepSpeed's own on one node, torchrun's rendezvous across nodes."""
     if setting.nodes > 1:
-        launch = (f"torchrun --nnodes {setting.nodes} --nproc_per_node {setting.gpus} --rdzv-backend c10d "
-                  "--rdzv-endpoint HOST:29500 train.py  (on every node; HOST is the first node)")
-    elif setting.uses_deepspeed:
-        launch = f"deepspeed --num_gpus {setting.gpus} train.py"
-    else:
-        launch = f"torchrun --nproc_per_node {setting.gpus} train.py"
-    collator, why = collator_code(batch)
+        return (f"torchrun --nnodes {setting.nodes} --nproc_per_node {setting.gpus} --rdzv-backend c10d "
+                "--rdzv-endpoint HOST:29500 train.py  (on every node; HOST is the first node)")
+    if setting.uses_deepspeed:
+        return f"deepspeed --num_gpus {setting.gpus} train.py"
+    return f"torchrun --nproc_per_node {setting.gpus} train.py"
+
+
+def _recipe_lines(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch) -> list[str]:
+    """What the plan chose and how train.py takes it in, since the Trainer arguments alone cannot carry the model."""
     lines = [
         f"ftplan plan: {headline(setup, request)}",
         f"micro-batch {batch.micro_batch} x gradient accumulation {batch.accumulation} per GPU, "
@@ -103,12 +104,17 @@ def readme(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch, plan_war
         "    model = prepare_model(AutoModelForCausalLM.from_pretrained(MODEL, **model_kwargs()))",
     ]
     if batch.strategy == "pack":
-        lines += [("    trainer = SFTTrainer(model=model, args=training_arguments(), train_dataset=train, "
-                   "processing_class=tokenizer)  # TRL: packing lives in its SFTConfig")]
-    else:
-        lines += [("    trainer = Trainer(model=model, args=training_arguments(), train_dataset=train, "
-                   "data_collator=data_collator(tokenizer))"),
-                  f"    (the collator: {collator}: {why})"]
+        return lines + [("    trainer = SFTTrainer(model=model, args=training_arguments(), train_dataset=train, "
+                         "processing_class=tokenizer)  # TRL: packing lives in its SFTConfig")]
+    collator, why = collator_code(batch)
+    return lines + [("    trainer = Trainer(model=model, args=training_arguments(), train_dataset=train, "
+                     "data_collator=data_collator(tokenizer))"),
+                    f"    (the collator: {collator}: {why})"]
+
+
+def _batch_shape_lines(setting: Setting, batch: PlannedBatch) -> list[str]:
+    """The data the plan assumed, because other data (shorter rows, dynamic shapes) meets memory it never measured."""
+    lines = []
     if batch.strategy == "group":
         lines.append("    transformers 4.x: group_by_length=True instead of train_sampling_strategy (training_args.py "
                      "picks the one your version takes)")
@@ -121,29 +127,52 @@ def readme(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch, plan_war
     if not batch.from_dataset:
         lines.append('    Dynamic padding (padding="longest") pads less, but on a GPU its changing shapes can make the '
                      "caching allocator reserve more; `ftplan plan --dataset` plans it.")
-    lines += [f"    {line[2:]}" for line in length_limit_comment(batch)]
-    lines += ["", "Run it from this folder: the paths in the arguments (output/"
-              + (", ds_config.json" if setting.uses_deepspeed else "") + ") are relative to it, so the folder",
-              "works wherever it is copied (to the cluster, say):",
-              f"    cd THIS_FOLDER && {launch}",
-              "training_args.json holds the same Trainer arguments as data, for tools that read JSON; it keeps the",
-              "older checkpointing names (gradient_checkpointing), which training_args.py renames where your",
-              "transformers has activation_checkpointing" + (", and it cannot carry packing" if batch.strategy == "pack"
-                                                             else "") + "."]
-    if batch.alloc_conf:
-        lines += ["", "Before the run, on every node: micro-batches whose shape changes every step fragment PyTorch's CUDA",
-                  "caching allocator (on an H200 an epoch of dynamic padding reserved up to 1.8x what the calibration",
-                  "measured at its longest micro-batch); expandable segments let it grow one segment instead:",
-                  f"    export PYTORCH_CUDA_ALLOC_CONF={shlex.quote(batch.alloc_conf)}",
-                  f"    ({ALLOC_CONF_DOC})",
-                  "training_args.py sets it too, when train.py imports it before anything is put on the GPU."]
-    if setting.liger:
-        lines += ["", "Liger: training_args.json sets use_liger_kernel=True; outside the Trainer patch the model first:",
-                  "    from liger_kernel.transformers import AutoLigerKernelForCausalLM",
-                  "    model = AutoLigerKernelForCausalLM.from_pretrained(MODEL)"]
-    lines += ["", "Before the full run, on the GPU: `ftplan rehearse THIS_FOLDER` runs it unchanged for a few steps on the",
-              "heaviest batches; if it runs out of memory or comes within the safety margin it lowers the batch",
-              "(raising gradient accumulation to keep the global batch) and rewrites this folder."]
+    return lines + [f"    {line[2:]}" for line in length_limit_comment(batch)]
+
+
+def _run_lines(setting: Setting, batch: PlannedBatch) -> list[str]:
+    """Where to launch from, since the arguments' paths are relative to the folder."""
+    return ["", "Run it from this folder: the paths in the arguments (output/"
+            + (", ds_config.json" if setting.uses_deepspeed else "") + ") are relative to it, so the folder",
+            "works wherever it is copied (to the cluster, say):",
+            f"    cd THIS_FOLDER && {_launch_command(setting)}",
+            "training_args.json holds the same Trainer arguments as data, for tools that read JSON; it keeps the",
+            "older checkpointing names (gradient_checkpointing), which training_args.py renames where your",
+            "transformers has activation_checkpointing" + (", and it cannot carry packing" if batch.strategy == "pack"
+                                                           else "") + "."]
+
+
+def _allocator_lines(batch: PlannedBatch) -> list[str]:
+    """The allocator setting must be in the environment before CUDA starts, which the Trainer arguments cannot do."""
+    if not batch.alloc_conf:
+        return []
+    return ["", "Before the run, on every node: micro-batches whose shape changes every step fragment PyTorch's CUDA",
+            "caching allocator (on an H200 an epoch of dynamic padding reserved up to 1.8x what the calibration",
+            "measured at its longest micro-batch); expandable segments let it grow one segment instead:",
+            f"    export PYTORCH_CUDA_ALLOC_CONF={shlex.quote(batch.alloc_conf)}",
+            f"    ({ALLOC_CONF_DOC})",
+            "training_args.py sets it too, when train.py imports it before anything is put on the GPU."]
+
+
+def _liger_lines(setting: Setting) -> list[str]:
+    """Liger outside the Trainer needs the model patched by hand, or the plan's memory is not what runs."""
+    if not setting.liger:
+        return []
+    return ["", "Liger: training_args.json sets use_liger_kernel=True; outside the Trainer patch the model first:",
+            "    from liger_kernel.transformers import AutoLigerKernelForCausalLM",
+            "    model = AutoLigerKernelForCausalLM.from_pretrained(MODEL)"]
+
+
+REHEARSE_LINES = ("", "Before the full run, on the GPU: `ftplan rehearse THIS_FOLDER` runs it unchanged for a few steps on the",
+                  "heaviest batches; if it runs out of memory or comes within the safety margin it lowers the batch",
+                  "(raising gradient accumulation to keep the global batch) and rewrites this folder.")
+
+
+def readme(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch, plan_warnings: Sequence[str] = ()) -> str:
+    """How to use the files, and the collator, Liger and LoRA lines the Trainer arguments cannot carry."""
+    setting = setup.setting
+    lines = [*_recipe_lines(setup, request, batch), *_batch_shape_lines(setting, batch), *_run_lines(setting, batch),
+             *_allocator_lines(batch), *_liger_lines(setting), *REHEARSE_LINES]
     if plan_warnings:  # the folder travels without the terminal that showed them
         lines += ["", "WARNINGS from the plan:", *(f"  - {w}" for w in plan_warnings)]
     return "\n".join(lines) + "\n"

@@ -103,11 +103,9 @@ def alloc_conf_lines(batch: PlannedBatch) -> list[str]:
             ""]
 
 
-def training_args_py(kwargs: dict, batch: PlannedBatch, headline: str) -> str:
-    """A module a train.py imports: training_arguments() and data_collator(tokenizer) for the planned setup."""
-    collator, why = collator_code(batch)
-    packing = batch.strategy == "pack"
-    lines = [
+def _docstring_lines(packing: bool) -> list[str]:
+    """The emitted module's docstring: the two lines a train.py needs, so nobody must read the rest."""
+    return [
         '"""Written by `ftplan plan` (the plan is PLAN below); use it from a train.py:',
         "",
         "    from training_args import training_arguments, data_collator",
@@ -121,7 +119,12 @@ def training_args_py(kwargs: dict, batch: PlannedBatch, headline: str) -> str:
         + "paths are relative to this file.",
         "README.txt beside it has the launch command (and the LoRA and Liger lines, where planned).",
         '"""',
-        "",
+    ]
+
+
+def _constant_lines(kwargs: dict, batch: PlannedBatch, headline: str, packing: bool) -> list[str]:
+    """Imports and the planned figures as module constants, where a reader of train.py can see them."""
+    return [
         *alloc_conf_lines(batch),
         *(["import inspect"] if batch.strategy == "group" else []),
         "from pathlib import Path",
@@ -134,8 +137,12 @@ def training_args_py(kwargs: dict, batch: PlannedBatch, headline: str) -> str:
          f"{'packed rows' if packing else 'samples'} of at most {batch.length:,} tokens"),
         f"TRAINING_ARGS = {pprint.pformat(kwargs, sort_dicts=False, width=100)}",
         *length_limit_comment(batch),
-        "",
-        "",
+    ]
+
+
+def _training_arguments_lines(batch: PlannedBatch, packing: bool) -> list[str]:
+    """training_arguments(): the paths made absolute, and the names the installed transformers (or TRL) takes."""
+    lines = [
         "def training_arguments(**overrides):",
         '    """The planned arguments; overrides change any of them (report_to="wandb", say)."""',
         "    kwargs = {**TRAINING_ARGS, **overrides}",
@@ -147,17 +154,29 @@ def training_args_py(kwargs: dict, batch: PlannedBatch, headline: str) -> str:
         lines += ['    if "train_sampling_strategy" not in inspect.signature(TrainingArguments).parameters:  # 4.x',
                   '        kwargs["group_by_length"] = kwargs.pop("train_sampling_strategy") == "group_by_length"']
     if packing:
-        lines += ["    from trl import SFTConfig  # packing is TRL's (pip install trl)",
-                  "",
-                  f'    return SFTConfig(**current_names(kwargs, SFTConfig), max_length={batch.length}, packing=True, '
-                  'packing_strategy="bfd")']
-    else:
-        lines += ["    return TrainingArguments(**current_names(kwargs, TrainingArguments))"]
-    lines += ["", "", *inspect.getsource(recipe.current_names).rstrip().splitlines()]
-    lines += ["", "", "def data_collator(tokenizer):",
-              '    """The collator of the planned batching: the padded shape the planned memory rests on."""',
-              *(f"    # {line}" for line in textwrap.wrap(f"{why}.", 100)),
-              f"    return {collator}", "", *model_lines(batch.setting)]
+        return lines + ["    from trl import SFTConfig  # packing is TRL's (pip install trl)",
+                        "",
+                        f'    return SFTConfig(**current_names(kwargs, SFTConfig), max_length={batch.length}, '
+                        'packing=True, packing_strategy="bfd")']
+    return lines + ["    return TrainingArguments(**current_names(kwargs, TrainingArguments))"]
+
+
+def _data_collator_lines(batch: PlannedBatch) -> list[str]:
+    """data_collator(tokenizer): the padded shape the planned memory rests on, with why in a comment."""
+    collator, why = collator_code(batch)
+    return ["def data_collator(tokenizer):",
+            '    """The collator of the planned batching: the padded shape the planned memory rests on."""',
+            *(f"    # {line}" for line in textwrap.wrap(f"{why}.", 100)),
+            f"    return {collator}"]
+
+
+def training_args_py(kwargs: dict, batch: PlannedBatch, headline: str) -> str:
+    """A module a train.py imports: training_arguments() and data_collator(tokenizer) for the planned setup."""
+    packing = batch.strategy == "pack"
+    lines = [*_docstring_lines(packing), "", *_constant_lines(kwargs, batch, headline, packing), "", "",
+             *_training_arguments_lines(batch, packing), "", "",
+             *inspect.getsource(recipe.current_names).rstrip().splitlines(), "", "",
+             *_data_collator_lines(batch), "", *model_lines(batch.setting)]
     return "\n".join(lines)
 
 

@@ -16,13 +16,7 @@ from ftplan.core.hardware import GpuSpec, find_gpu, load_catalog
 from ftplan.core.paths import calibrations_dir
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
-from ftplan.models.communication import (
-    Links,
-    calibrated_links,
-    find_link,
-    links_from_catalog,
-    parse_bandwidth,
-)
+from ftplan.models.communication.links import Links, calibrated_links, find_link, links_from_catalog, parse_bandwidth
 from ftplan.models.prior import unmodelled
 from ftplan.models.safe_batch import MemoryBudget
 from ftplan.store.records import RecordWarning, is_rehearsal, printable, read_records

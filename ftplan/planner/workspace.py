@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ftplan.core.hardware import GpuSpec, find_gpu, load_catalog
 from ftplan.core.settings import Setting
-from ftplan.models.communication import Links
+from ftplan.models.communication.links import Links
 from ftplan.models.prediction import Prediction
 from ftplan.models.safe_batch import MemoryBudget
 from ftplan.models.scaling import with_step_time_cv

@@ -34,8 +34,8 @@ def _code_digest() -> str:
     """Digest of the sources that fit and predict: a changed rule must never reuse old fits."""
     root = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
-    for path in sorted([*(root / "core").glob("*.py"), *(root / "models").glob("*.py")]):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    for path in sorted([*(root / "core").glob("*.py"), *(root / "models").rglob("*.py")]):  # models/communication/ too
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 

@@ -153,20 +153,29 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
     trial_command = dependencies.trial_command if dependencies else None
     if trial_command is None:  # a stand-in trial (tests) needs no GPU
         settings = runnable_here(settings, device)
+    plan = _calibration_plan(ctx, out, device, machine, batch_sizes, max_batch, verify, steps, warmup_steps, timeout,
+                             log_dir, trial_command)
+    console.print(f"calibrating {len(settings)} setting(s) on {device}, appending to {plan.out}")
+    with _sigterm_as_interrupt(), RichProgress(console) as progress:
+        records = calibrate(settings, plan, progress)
+    console.print(f"{len(records)} new record(s) in {plan.out}")
+
+
+def _calibration_plan(ctx: click.Context, out: Path | None, device: str, machine: str | None,
+                      batch_sizes: tuple[int, ...] | None, max_batch: int | None, verify: bool | None, steps: int,
+                      warmup_steps: int, timeout: float, log_dir: Path | None,
+                      trial_command: tuple[str, ...] | None) -> CalibrationPlan:
+    """How every trial runs and where it is recorded; the store is checked first, so a bad path fails before any trial."""
     out = out or measure.default_records_path()
     _check_writable(out)  # before reading it: a symlink or a user's own file is refused unread
     machine = machine or measure.machine_id(pinned_machine_id(out))
     quick = device == "cuda" and batch_sizes is None and max_batch is None
-    plan = CalibrationPlan(out=out, device=device, steps=steps, verify=quick if verify is None else verify,
+    return CalibrationPlan(out=out, device=device, steps=steps, verify=quick if verify is None else verify,
                            warmup_steps=warmup_steps, timeout=timeout,
                            max_batch=max_batch or DEFAULT_MAX_BATCH[device],
                            batch_sizes=QUICK_BATCH_SIZES if quick else batch_sizes,
                            machine_id=machine, command=_command_line(ctx), log_dir=log_dir,
                            trial_command=trial_command)
-    console.print(f"calibrating {len(settings)} setting(s) on {device}, appending to {plan.out}")
-    with _sigterm_as_interrupt(), RichProgress(console) as progress:
-        records = calibrate(settings, plan, progress)
-    console.print(f"{len(records)} new record(s) in {plan.out}")
 
 
 def dataset_seq_len(dataset: Path, text_field: str | None, ids_field: str | None, tokenizer: Path | None,

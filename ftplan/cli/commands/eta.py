@@ -18,9 +18,10 @@ from ftplan.cli.commands.options import setting_from_options, setting_options, s
 from ftplan.cli.commands.plan import host_memory_option
 from ftplan.cli.render import eta_lines, host_line
 from ftplan.core.architecture import load_architecture
-from ftplan.core.errors import EXIT_DOES_NOT_FIT
+from ftplan.core.errors import EXIT_DOES_NOT_FIT, FtplanError
+from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
-from ftplan.models.communication import describe_layout
+from ftplan.models.communication.layout import describe_layout
 from ftplan.models.eta import estimate_eta
 from ftplan.models.host_memory import host_bytes_per_node, usable_host_bytes
 from ftplan.planner.as_data import eta_to_dict, prediction_to_dict
@@ -48,13 +49,8 @@ def command(batch_size: int, dataset_size: int, epochs: float, price_per_hour: f
             context_reserve_gib: float, host_memory_gib: float | None,
             calibrations: tuple[Path, ...], as_json: bool, **options) -> None:
     """How long one configuration takes to finish, what it costs, and whether it fits in memory."""
-    from ftplan.core.errors import FtplanError
-
     setting = setting_from_options(options)
-    if batch_size <= 0:
-        raise FtplanError(f"batch size must be positive, got {batch_size}")
-    if price_per_hour is not None and price_per_hour <= 0:
-        raise FtplanError(f"price per hour must be positive, got {price_per_hour}")
+    _check_positive(batch_size, price_per_hour)
     host_bytes = host_bytes_per_node(load_architecture(setting.model), setting)
     workspace = Workspace.open(gpu_name, calibrations, gpu_specs, intra_node_bandwidth, inter_node_bandwidth,
                                step_time_cv)
@@ -73,17 +69,31 @@ def command(batch_size: int, dataset_size: int, epochs: float, price_per_hour: f
                                "host_memory_enough": host_enough,
                                "usable_gib": budget.usable_bytes / GIB, "eta": eta_to_dict(eta), "layout": layout,
                                "prediction": prediction_to_dict(prediction)}, indent=2))
-        _exit_unless(fits)
-        return
-    click.echo(f"{setting.label()} on {setting.world_size} x {gpu.name}, batch {batch_size} per GPU, "
-               f"{dataset_size:,} samples x {epochs:g} epochs")
-    click.echo(f"  layout: {layout['description']}")
-    if setting.world_size > 1:
-        click.echo(f"  {workspace.links_text}")
-    host = host_line(host_bytes, host_memory_gib, host_enough)
-    for line in eta_lines(prediction, eta, budget) + ([host] if host else []):
-        click.echo(f"  {line}")
+    else:
+        host = host_line(host_bytes, host_memory_gib, host_enough)
+        _echo_eta(setting, gpu.name, batch_size, dataset_size, epochs, workspace.links_text,
+                  eta_lines(prediction, eta, budget) + ([host] if host else []))
     _exit_unless(fits)
+
+
+def _check_positive(batch_size: int, price_per_hour: float | None) -> None:
+    """click's types let zero and negative figures through, and an ETA from them would be nonsense, not an error."""
+    if batch_size <= 0:
+        raise FtplanError(f"batch size must be positive, got {batch_size}")
+    if price_per_hour is not None and price_per_hour <= 0:
+        raise FtplanError(f"price per hour must be positive, got {price_per_hour}")
+
+
+def _echo_eta(setting: Setting, gpu_name: str, batch_size: int, dataset_size: int, epochs: float, links_text: str,
+              lines: list[str]) -> None:
+    """The run in words first, so the verdict lines below it are read as this run's; links only where GPUs talk."""
+    click.echo(f"{setting.label()} on {setting.world_size} x {gpu_name}, batch {batch_size} per GPU, "
+               f"{dataset_size:,} samples x {epochs:g} epochs")
+    click.echo(f"  layout: {describe_layout(setting.gpus, setting.nodes)}")
+    if setting.world_size > 1:
+        click.echo(f"  {links_text}")
+    for line in lines:
+        click.echo(f"  {line}")
 
 
 def _exit_unless(fits: bool) -> None:

@@ -3,8 +3,10 @@ over a range of GPU counts, the scaling of full and LoRA fine-tuning and the cou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -127,59 +129,84 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
             padding: str = "max_length", alloc_conf: str = "") -> None:
     """Which setup finishes fastest (or cheapest) on this GPU, with its largest safe batch, ETA and cost;
     with several GPU counts, how full and LoRA fine-tuning scale and which count to use."""
-    if dataset is None and dataset_size is None:
-        raise click.UsageError("Missing option '--dataset-size' (or --dataset, to plan from its token lengths)")
-    check_dataset_options(click.get_current_context().params)
-    if dataset is not None and padding != "max_length":
-        raise click.UsageError("--padding is for plans without --dataset; with one, --batching sets the padding")
-    seq_len_given = click.get_current_context().get_parameter_source("seq_len") != ParameterSource.DEFAULT
-    options = DatasetOptions(batching_strategy, pack_length or (seq_len if batching_strategy == "pack" else None),
-                             seq_len if seq_len_given else None, too_long, global_batch)
-    try:
-        with warnings.catch_warnings(record=True) as caught:  # kept for the emitted README, then shown as ever
-            result = api.plan(model, dataset_size, gpu_name, epochs=epochs, seq_len=seq_len, gpus=gpus,
-                              gpus_per_node=gpus_per_node, step_time_cv=step_time_cv, intra_node_bandwidth=intra_node_bandwidth,
-                              inter_node_bandwidth=inter_node_bandwidth, price_per_hour=price_per_hour, max_hours=max_hours,
-                              by=by, training=click.get_current_context().meta.get(TRAINING, "any"),
-                              lora_ranks=lora_ranks, precision=precision,
-                              safety_margin=safety_margin, context_reserve_gib=context_reserve_gib,
-                              host_memory_gib=host_memory_gib, calibrations=calibrations, gpu_specs=gpu_specs,
-                              dataset=dataset, dataset_options=options, text_field=text_field, ids_field=ids_field,
-                              tokenizer=tokenizer, chars_per_token=chars_per_token, allow=allow, padding=padding,
-                              alloc_conf=alloc_conf, progress=lambda text: click.echo(text, err=True))
-    finally:  # shown even when the plan fails, in the order they came
-        for caught_warning in caught:
-            warnings.showwarning(caught_warning.message, caught_warning.category, caught_warning.filename,
-                                 caught_warning.lineno)
-    plan, scaling, failed = result.plan, result.scaling, result.failed
+    options = _dataset_options(click.get_current_context())
+    with _warnings_kept() as caught:
+        result = api.plan(model, dataset_size, gpu_name, epochs=epochs, seq_len=seq_len, gpus=gpus,
+                          gpus_per_node=gpus_per_node, step_time_cv=step_time_cv, intra_node_bandwidth=intra_node_bandwidth,
+                          inter_node_bandwidth=inter_node_bandwidth, price_per_hour=price_per_hour, max_hours=max_hours,
+                          by=by, training=click.get_current_context().meta.get(TRAINING, "any"),
+                          lora_ranks=lora_ranks, precision=precision,
+                          safety_margin=safety_margin, context_reserve_gib=context_reserve_gib,
+                          host_memory_gib=host_memory_gib, calibrations=calibrations, gpu_specs=gpu_specs,
+                          dataset=dataset, dataset_options=options, text_field=text_field, ids_field=ids_field,
+                          tokenizer=tokenizer, chars_per_token=chars_per_token, allow=allow, padding=padding,
+                          alloc_conf=alloc_conf, progress=lambda text: click.echo(text, err=True))
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
-        console = make_console()
-        console.print(result.evidence.describe())
-        for line in result.headline:
-            console.print(f"[bold yellow]attention:[/] {line}")
-        if scaling is not None or (plan is not None and plan.request.base.world_size > 1):
-            console.print(result.links_text)
-        if scaling is not None:
-            print_scaling(scaling, console, failed)
-        for line in result.dataset_lines:
-            console.print(line)
-        if plan is not None:
-            print_plan(plan, console, failed, show_all)
-        for note in result.dataset_plan.notes if result.dataset_plan else ():
-            console.print(f"note: {note}")
+        _print_result(result, show_all)
     if emit is not None:
-        chosen = _emitted_setup(plan, emit_setup)
-        from ftplan.planner.emit import README, write_configs
-        written = write_configs(emit, chosen, plan.request, force, result.dataset_plan,
-                                [*result.headline, *advice.warnings_for(plan), *(str(w.message) for w in caught)])
-        click.echo(f"wrote {', '.join(str(p) for p in written)}", err=as_json)
-        click.echo(f"use them: `from training_args import training_arguments, data_collator, model_kwargs, prepare_model` in train.py "
-                   f"(how: {emit / README})", err=as_json)
-        click.echo(_rehearse_hint(emit, chosen), err=as_json)
-    if plan is not None and plan.recommended is None:  # all too slow for --max-hours, or of the wrong kind
+        _emit(emit, result, emit_setup, force, [str(w.message) for w in caught], as_json)
+    if result.plan is not None and result.plan.recommended is None:  # all too slow for --max-hours, or of the wrong kind
         raise click.exceptions.Exit(EXIT_DOES_NOT_FIT)
+
+
+def _dataset_options(ctx: click.Context) -> DatasetOptions:
+    """How the dataset is batched, after the checks of option combinations that click's own types cannot make."""
+    params = ctx.params
+    if params["dataset"] is None and params["dataset_size"] is None:
+        raise click.UsageError("Missing option '--dataset-size' (or --dataset, to plan from its token lengths)")
+    check_dataset_options(params)
+    if params["dataset"] is not None and params["padding"] != "max_length":
+        raise click.UsageError("--padding is for plans without --dataset; with one, --batching sets the padding")
+    seq_len, strategy = params["seq_len"], params["batching_strategy"]
+    seq_len_given = ctx.get_parameter_source("seq_len") != ParameterSource.DEFAULT
+    return DatasetOptions(strategy, params["pack_length"] or (seq_len if strategy == "pack" else None),
+                          seq_len if seq_len_given else None, params["too_long"], params["global_batch"])
+
+
+@contextlib.contextmanager
+def _warnings_kept() -> Iterator[list[warnings.WarningMessage]]:
+    """Warnings kept for the emitted README, then shown as ever, in the order they came, even when the plan fails."""
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            yield caught
+    finally:
+        for caught_warning in caught:
+            warnings.showwarning(caught_warning.message, caught_warning.category, caught_warning.filename,
+                                 caught_warning.lineno)
+
+
+def _print_result(result: api.PlanResult, show_all: bool) -> None:
+    """The plan for people: what it rests on first, then the scaling or the ranked table, then the notes."""
+    plan, scaling, failed = result.plan, result.scaling, result.failed
+    console = make_console()
+    console.print(result.evidence.describe())
+    for line in result.headline:
+        console.print(f"[bold yellow]attention:[/] {line}")
+    if scaling is not None or (plan is not None and plan.request.base.world_size > 1):
+        console.print(result.links_text)
+    if scaling is not None:
+        print_scaling(scaling, console, failed)
+    for line in result.dataset_lines:
+        console.print(line)
+    if plan is not None:
+        print_plan(plan, console, failed, show_all)
+    for note in result.dataset_plan.notes if result.dataset_plan else ():
+        console.print(f"note: {note}")
+
+
+def _emit(emit: Path, result: api.PlanResult, label: str | None, force: bool, caught: list[str], as_json: bool) -> None:
+    """Write the chosen setup's folder, its README carrying every warning the terminal showed."""
+    plan = result.plan
+    chosen = _emitted_setup(plan, label)
+    from ftplan.planner.emit import README, write_configs
+    written = write_configs(emit, chosen, plan.request, force, result.dataset_plan,
+                            [*result.headline, *advice.warnings_for(plan), *caught])
+    click.echo(f"wrote {', '.join(str(p) for p in written)}", err=as_json)
+    click.echo(f"use them: `from training_args import training_arguments, data_collator, model_kwargs, prepare_model` in train.py "
+               f"(how: {emit / README})", err=as_json)
+    click.echo(_rehearse_hint(emit, chosen), err=as_json)
 
 
 def _rehearse_hint(emit: Path, chosen) -> str:

@@ -19,7 +19,7 @@ from ftplan.cli.render import memory_verdict
 from ftplan.core.architecture import load_architecture
 from ftplan.core.hardware import GpuSpec
 from ftplan.core.units import GIB
-from ftplan.models.communication import describe_layout
+from ftplan.models.communication.layout import describe_layout
 from ftplan.models.prediction import Prediction
 from ftplan.models.safe_batch import MemoryBudget, proven_batch
 from ftplan.planner.search import fits_budget
