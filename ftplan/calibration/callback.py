@@ -44,7 +44,7 @@ from ftplan.calibration.trainer_setting import run_architecture, setting_fields
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import find_gpu
 from ftplan.core.paths import calibrations_dir
-from ftplan.store.records import append_record, build_record, read_records
+from ftplan.store.records import append_record, build_record, is_rehearsal, read_records
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.bytes_per_param import same_state_optimizers
@@ -376,8 +376,8 @@ def _predict(setting: Setting, micro_batch: int, gpu: str, out: Path, machine_id
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # skipped records and unfittable groups: not the user's problem here
-        records = read_records([p for p in (calibrations_dir(), out) if p.exists()])
-        if gpu != "cpu":
+        records = [r for r in read_records([p for p in (calibrations_dir(), out) if p.exists()]) if not is_rehearsal(r)]
+        if gpu != "cpu":  # rehearsals verify their folders and enter no fit, as in `ftplan plan`
             return Predictor.fit(records).predict(setting, micro_batch, find_gpu(gpu))
         own = [r for r in records if r.get("device") == "cpu" and r.get("machine_id") == machine_id]
         fits = FitSet(tuple(fit_groups(own)))

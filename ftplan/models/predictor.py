@@ -23,16 +23,11 @@ from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import GpuSpec, find_gpu, load_catalog
 from ftplan.core.settings import PADDINGS, Setting
 from ftplan.models.bytes_per_param import same_state_optimizers
-from ftplan.models.communication import (
-    DEFAULT_BACKWARD_FRACTION,
-    Links,
-    data_parallel_step_seconds,
-    describe_layout,
-    estimate_overlap,
-    links_from_catalog,
-    step_time_cv,
-    step_traffic,
-)
+from ftplan.models.communication.estimates import estimate_overlap, step_time_cv
+from ftplan.models.communication.layout import describe_layout
+from ftplan.models.communication.links import Links, links_from_catalog
+from ftplan.models.communication.step import data_parallel_step_seconds
+from ftplan.models.communication.traffic import DEFAULT_BACKWARD_FRACTION, step_traffic
 from ftplan.models.fit import SettingFit
 from ftplan.models.fitset import FitSet, fit_records
 from ftplan.models.prediction import (
