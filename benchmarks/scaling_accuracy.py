@@ -34,8 +34,6 @@ import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import pandas as pd
-
 from ftplan.core.architecture import load_architecture
 from ftplan.core.hardware import find_gpu
 from ftplan.core.paths import calibrations_dir
@@ -211,6 +209,8 @@ def main() -> None:
         warnings.simplefilter("ignore", RecordWarning)
         records = read_records([calibrations_dir()])
     cv = args.step_time_cv if args.step_time_cv is not None else step_time_cv(records)
+    import pandas as pd  # only to read a measurements file: importing the module (the tests) needs no pandas
+
     rows = pd.read_csv(args.measurements, dtype=str, keep_default_na=False).to_dict("records")
     results = [predict(row, records, cv) for row in rows]
     if args.json:

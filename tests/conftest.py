@@ -23,13 +23,16 @@ def fit_cache_in_a_temp_dir(tmp_path_factory):
 
 
 @pytest.fixture
-def one_torch_thread():
-    """Tiny models on a shared 2-core machine run several times faster on one thread than on two. It also skips
-    the tests that use it where transformers is missing: they import torch and transformers inside, so
-    collecting the suite loads neither. Files of training tests use it for every test (pytestmark)."""
+def one_torch_thread(monkeypatch):
+    """Tiny models on a shared 2-core machine run several times faster on one thread than on two: in this process
+    and in the trials and ranks it starts (OMP_NUM_THREADS; two 2-thread ranks on 2 cores, or a 2-thread trial
+    beside another job, spin-wait for each other: a real tiny CPU calibration took 62 s on two threads, 26 s on
+    one). It also skips the tests that use it where transformers is missing: they import torch and transformers
+    inside, so collecting the suite loads neither. Files of training tests use it for every test (pytestmark)."""
     pytest.importorskip("transformers")
     import torch
 
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

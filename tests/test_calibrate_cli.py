@@ -113,12 +113,11 @@ def test_a_line_torn_by_a_kill_mid_write_is_skipped_and_the_next_record_starts_o
         assert [b for _, b, _ in trials(out)] == [1, 2]
 
 
-def test_a_real_cpu_calibration_of_the_tiny_model_fits_and_plans_within_its_budget(tmp_path):
+def test_a_real_cpu_calibration_of_the_tiny_model_fits_and_plans_within_its_budget(tmp_path, one_torch_thread):
     """The whole product on a CPU: calibrate, fit, predict and plan through the CLI, one real calibration.
 
     Sequence length 512, not 64: at 64 tokens a sample adds a few MB, less than the noise of a process's RSS.
     """
-    pytest.importorskip("transformers")
     out = tmp_path / "c.jsonl"
     result = calibrate(out, "--batch-sizes", "1,2,4", "--precision", "fp32", "--steps", "2", "--warmup-steps", "1",
                        "--timeout", "120", seq_len=512, trial_command=None)

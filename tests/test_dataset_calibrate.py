@@ -92,6 +92,7 @@ def test_dataset_options_without_a_dataset_are_refused(fake_trial, tmp_path, cap
 
 def test_a_real_cpu_trial_measures_at_the_longest_sample(tmp_path, capsys, monkeypatch):
     """The real trial (tiny-llama on the CPU, one measured step) runs at the dataset's length."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # a tiny model trains faster on one thread (conftest.one_torch_thread)
     code, _, err, out = _calibrate(tmp_path, capsys, monkeypatch, "--dataset", _dataset(tmp_path),
                                    "--steps", 1, "--warmup-steps", 0, trial_command=None)
     assert code == 0, err

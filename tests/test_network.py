@@ -5,7 +5,6 @@ import sys
 import time
 import warnings
 
-import pandas as pd
 import pytest
 from click.testing import CliRunner
 
@@ -37,6 +36,8 @@ def test_real_gloo_allreduces_are_timed_at_every_size_on_two_ranks():
 
 
 def _injected_table(sizes, seconds):
+    import pandas as pd
+
     table = pd.DataFrame({"bytes": sizes, "seconds": seconds})
     table["bus_gbs"] = table["bytes"] / table["seconds"] / GB
     table.attrs["device"] = {"device": "cpu", "gpu_name": None, "torch": "x", "cuda": None}
@@ -81,6 +82,8 @@ def test_trial_readers_skip_network_records_silently(tmp_path):
 
 
 def test_the_alpha_beta_fit_recovers_latency_and_bandwidth_of_an_exact_table():
+    import pandas as pd
+
     ranks, latency, gbs = 4, 20e-6, 12.0
     sizes = [8, 64, 512, *(4096 * 4**i for i in range(8))]
     seconds = [COLLECTIVE_BASE_LATENCY_S + 2 * (ranks - 1) * latency + 2 * (ranks - 1) / ranks * b / (gbs * GB)
@@ -92,6 +95,8 @@ def test_the_alpha_beta_fit_recovers_latency_and_bandwidth_of_an_exact_table():
 
 
 def test_times_that_shrink_with_size_cannot_be_fitted():
+    import pandas as pd
+
     table = pd.DataFrame({"bytes": [4096, 4 * 2**20], "seconds": [0.01, 0.001]})
     with pytest.raises(FtplanError, match="wider range"):
         fit_alpha_beta(table, 2)

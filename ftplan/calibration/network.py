@@ -26,14 +26,16 @@ import tempfile
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from ftplan.calibration import launcher
 from ftplan.core.errors import FtplanError
 from ftplan.store.records import SCHEMA_VERSION, append_record
 from ftplan.core.units import GB
 from ftplan.models.communication.collectives import COLLECTIVE_BASE_LATENCY_S
+
+if TYPE_CHECKING:
+    import pandas as pd  # at run time imported where a table is made: importing this module needs no pandas
 
 BACKENDS = ("nccl", "gloo")
 DEFAULT_SIZES = (8, 64, 512, *(4096 * 4**i for i in range(9)))  # 8 B (latency) .. 256 MiB (bandwidth)
@@ -123,6 +125,8 @@ def fit_alpha_beta(table: pd.DataFrame, ranks: int, nodes: int = 1) -> AlphaBeta
         raise FtplanError(f"all-reduce times do not grow with message size (slope {slope:.3g} s/B); "
                           "measure a wider range of --sizes")
     small = seconds <= 2 * seconds.min()
+    import pandas as pd
+
     alpha = float(pd.Series(seconds[small] - moved[small] * slope).median())
     if not alpha > 0:
         raise FtplanError(f"small all-reduces cost no more than their bytes (latency {alpha:.3g} s); "
@@ -153,6 +157,8 @@ def measure_allreduce(spec: NetworkSpec, timeout: float, log_dir: Path | None = 
         if spec.node_rank != 0:
             return None
         result = json.loads(result_path.read_text())
+    import pandas as pd
+
     table = pd.DataFrame({"bytes": result["sizes"], "seconds": result["seconds"]})
     table["bus_gbs"] = table["bytes"] * 2 * (spec.world_size - 1) / spec.world_size / table["seconds"] / GB
     table.attrs["device"] = result["device"]

@@ -180,10 +180,26 @@ def _positive_line(x: np.ndarray, y: np.ndarray) -> Line:
         return Line(float(y[0]), tuple(0.0 for _ in range(x.shape[1])))
     scale = x.max(axis=0)
     scale[scale == 0] = 1.0
-    from sklearn.linear_model import LinearRegression  # lazy: a cached plan never fits
+    intercept, coef = _nonnegative_least_squares(x / scale, y)
+    return Line(float(intercept), tuple(float(c) for c in coef / scale))
 
-    model = LinearRegression(positive=True).fit(x / scale, y)
-    return Line(float(model.intercept_), tuple(float(c) for c in model.coef_ / scale))
+
+def _nonnegative_least_squares(x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
+    """Intercept and non-negative slopes of the least-squares line: what sklearn's
+    LinearRegression(positive=True).fit computes (center both, scipy's NNLS on the centered data, intercept
+    from the means), step for step so the numbers are the same, without its input validation, which cost
+    a hundred times the fit itself on these few points (fitting every held-out group spent most of its time
+    there)."""
+    from scipy.optimize import nnls  # lazy: a cached plan never fits
+
+    x = np.array(x, dtype=float)
+    y = np.array(y, dtype=float)
+    x_offset = np.average(x, axis=0)
+    x -= x_offset
+    y_offset = np.average(y, axis=0)
+    y -= y_offset
+    coef = nnls(x, y)[0]
+    return y_offset - x_offset @ coef, coef
 
 
 def _finish(lines: tuple[Line, ...], seq_ref: int | None, x: np.ndarray, y: np.ndarray,
@@ -192,11 +208,23 @@ def _finish(lines: tuple[Line, ...], seq_ref: int | None, x: np.ndarray, y: np.n
     params = sum(1 + len(line.slopes) for line in lines)
     dof = len(y) - params
     sigma = float(np.sqrt(_sse(y, fitted) / dof)) if dof > 0 else 0.0
-    from sklearn.metrics import r2_score
-
-    r2 = float(r2_score(y, fitted)) if len(y) > 2 and np.ptp(y) > 0 else None
+    r2 = _r2_score(y, fitted) if len(y) > 2 and np.ptp(y) > 0 else None
     return Curve(lines=lines, seq_ref=seq_ref, sigma=sigma, floor_fraction=floor_fraction,
                  feature_max=float(x[:, 0].max()), n_points=len(y), r2=r2)
+
+
+def _r2_score(y: np.ndarray, fitted: np.ndarray) -> float:
+    """sklearn.metrics.r2_score(y, fitted), step for step (the same column sums, so the same number), without
+    its input validation, which cost more than the rest of the fit."""
+    y = np.asarray(y, float).reshape(-1, 1)
+    fitted = np.asarray(fitted, float).reshape(-1, 1)
+    numerator = np.sum(1.0 * (y - fitted) ** 2, axis=0)[0]
+    denominator = np.sum(1.0 * (y - np.average(y, axis=0)) ** 2, axis=0)[0]
+    if numerator == 0:
+        return 1.0
+    if denominator == 0:
+        return 0.0
+    return float(1 - numerator / denominator)
 
 
 def _seq_ref(seq_len: np.ndarray) -> int | None:
