@@ -92,7 +92,8 @@ def report(work: Path, records: Path) -> None:
         if not digest_rows:
             print(f"{name:24} {plan['micro_batch']:5d} {plan['predicted']['evidence']:>14} {'not run':>8}")
             continue
-        run, predicted = digest_rows[-1], plan["predicted"]
+        planned = plan["rehearsals"][0]["micro_batch"] if plan["rehearsals"] else digest_rows[-1]["micro_batch"]
+        run, predicted = next(r for r in digest_rows if r["micro_batch"] == planned), plan["predicted"]
         alloc, resv = run.get("peak_allocated_bytes") or 0, run.get("peak_reserved_bytes") or 0
         mixed = (run.get("step_seconds") or [])[run.get("heavy_steps", 0):]
         step = statistics.median(mixed) if mixed else float("nan")
@@ -114,17 +115,42 @@ def report(work: Path, records: Path) -> None:
         print(f"{name:24} planned {plan['micro_batch']:3d}, at {run['micro_batch']:3d}: {run['status']}, "
               f"{reserved / GIB:.2f} GiB reserved of {usable / GIB:.2f} usable: "
               f"{'safe, so planned/largest <= ' + format(plan['micro_batch'] / run['micro_batch'], '.0%') if safe else 'over: the planned batch is the largest safe one'}")
+    grown = growth(rows, work)
+    if grown:
+        print("\nrehearse's search from the planned batch (the largest that ran inside the plan's usable memory):")
+        print("\n".join(grown))
     if errors:
         print(f"{len(errors)} runs, {sum(1 for r in rows if r['status'] == 'oom' and '@' not in str(r.get('emit_dir')))} OOM; median |alloc err| "
               f"{statistics.median(abs(a) for a, _ in errors):.1%}, median |step err| "
               f"{statistics.median(abs(t) for _, t in errors):.1%}")
 
 
+def growth(rows: list[dict], work: Path) -> list[str]:
+    """Per folder rehearsed more than once: the planned batch (its first run), every batch tried, and the largest
+    that ran safely, which the folder ends at."""
+    lines = []
+    for name in dict.fromkeys(r["emit_dir"] for r in rows if "@" not in r["emit_dir"]):
+        runs = [r for r in rows if r["emit_dir"] == name]
+        if len(runs) < 2:
+            continue
+        plan = json.loads((work / name / "plan.json").read_text())
+        if not plan["rehearsals"]:  # a folder rehearsed before rehearse searched: its runs are of other plans
+            continue
+        usable = plan["usable_bytes"]
+        safe = [r["micro_batch"] for r in runs if r["status"] == "ok" and r["peak_reserved_bytes"] <= usable]
+        tried = ", ".join(f"{r['micro_batch']} ({r['peak_reserved_bytes'] / GIB:.1f} GiB)" for r in runs)
+        planned, largest = runs[0]["micro_batch"], max(safe, default=0)
+        lines.append(f"{name:24} planned {planned:3d}, largest safe {largest:3d} "
+                     f"(planned/largest {planned / largest:.0%}): {tried}" if largest else f"{name:24} none safe: {tried}")
+    return lines
+
+
 RESULTS = Path(__file__).parent / "results"
 
 
 def replayed(plan: dict, micro_batch: int):
-    """Today's prediction for one rehearsed folder at the micro-batch it ran: memory at the planned length,
+    """Today's prediction for one rehearsed folder at the micro-batch it ran (memory, seconds per step): memory at
+    the planned length,
     step time at the mean padded length of a random micro-batch of the plan's lengths (what the mixed steps
     feed), as `plan --dataset` predicts them."""
     from ftplan.core.settings import Setting
@@ -136,24 +162,35 @@ def replayed(plan: dict, micro_batch: int):
     memory = workspace.predict(setting, micro_batch)
     lengths = plan.get("lengths")
     if not lengths:
-        return memory, memory.seconds_per_step.mean
+        return memory, memory.seconds_per_step
     kept = apply_limit(lengths, plan.get("limit"), plan.get("too_long", "truncate")).lengths
     length = max(1, round(batching(plan["strategy"], kept, micro_batch).time_length))
-    return memory, workspace.predict(setting.with_(seq_len=length), micro_batch).seconds_per_step.mean
+    return memory, workspace.predict(setting.with_(seq_len=length), micro_batch).seconds_per_step
 
 
-def replay(records: Path = RESULTS / "emitted_runs_h200.jsonl", plans: Path = RESULTS / "emitted_runs") -> None:
-    """Every rehearsal (probes too) against what the shipped records predict for it now: held-out, end-to-end
-    measurements (no rehearsal is in the package's records)."""
-    runs = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+# (the records, the folders' plan.json as the rehearsals left them): 2026-12-04's probes, then its grown batches
+REHEARSALS = ((RESULTS / "emitted_runs_h200.jsonl", RESULTS / "emitted_runs"),
+              (RESULTS / "emitted_runs_grow_h200.jsonl", RESULTS / "emitted_runs_grow"))
+
+
+def rehearsals() -> list[tuple[dict, dict]]:
+    """Every H200 rehearsal of the emitted folders, both sessions', with its folder's plan.json."""
+    return [(run, json.loads((plans / run["emit_dir"].split("@")[0] / "plan.json").read_text()))
+            for records, plans in REHEARSALS
+            for run in (json.loads(line) for line in records.read_text().splitlines() if line.strip())]
+
+
+def replay() -> None:
+    """Every rehearsal (probes and grown batches too) against what the shipped records predict for it now:
+    held-out, end-to-end measurements (no rehearsal is in the package's records)."""
     print(f"{'run':28} {'batch':>5} {'evidence':>13} {'alloc err':>9} {'resv err':>8} {'s/step':>7} {'pred':>6} "
           f"{'err':>6}")
     errors = []
-    for run in runs:
+    for run, plan in rehearsals():
         if run.get("status") != "ok":
             continue
-        plan = json.loads((plans / run["emit_dir"].split("@")[0] / "plan.json").read_text())
-        memory, seconds = replayed(plan, run["micro_batch"])
+        memory, time = replayed(plan, run["micro_batch"])
+        seconds = time.mean
         mixed = run["step_seconds"][run.get("heavy_steps", 0) + 1:]  # the first step also meets its shapes first
         step = statistics.median(mixed)
         row = (run["peak_allocated_bytes"] / memory.peak_allocated.mean - 1,
@@ -185,5 +222,5 @@ def probe(work: Path, name: str, micro_batch: int) -> None:
 if __name__ == "__main__":
     {"prepare": lambda: prepare(Path(sys.argv[2])),
      "report": lambda: report(Path(sys.argv[2]), Path(sys.argv[3])),
-     "replay": lambda: replay(),
+     "replay": replay,
      "probe": lambda: probe(Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]))}[sys.argv[1]]()

@@ -310,6 +310,8 @@ def fit_all_constants(records: list[dict], catalog: dict[str, GpuSpec]) -> dict[
         own = fit_constants(mine, catalog, f"{model} calibrations", every.masked_attention_cost)
         if not any(r.get("liger") for r in mine):
             own = replace(own, liger_sample_scale=every.liger_sample_scale)
+        if not any(r.get("liger") and r.get("lora_rank") and not r.get("quantization") for r in mine):
+            own = replace(own, lora_liger_sample_scale=every.lora_liger_sample_scale)
         if own.n_records:
             constants[model] = replace(own, memory_margin=max(own.memory_margin, every.memory_margin),
                                        reserved_margin=max(own.reserved_margin, every.reserved_margin),

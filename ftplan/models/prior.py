@@ -384,6 +384,10 @@ class PriorConstants:
     static_scale: float = 1.0
     sample_scale: float = 1.0
     liger_sample_scale: float = 1.0  # Liger's saved tensors are counted apart: measured 12-15% above the count
+    # Liger on a (half-precision) LoRA base: the H200 ladders of Llama-3-8B, Phi-3-mini and Qwen3-8B LoRA + Liger
+    # each hold 1.21-1.27 times the count a sample; the full fine-tunes' Liger scale (1.08) left the prior 6-12%
+    # under on them and on Gemma-2-2B. The bf16-pure full fine-tunes (a half stream too) stay with the latter.
+    lora_liger_sample_scale: float = 1.0
     fragmentation: float = DEFAULT_FRAGMENTATION
     mfu: float = DEFAULT_MFU
     loss_bytes_per_logit: float = DEFAULT_LOSS_BYTES_PER_LOGIT
@@ -403,6 +407,10 @@ class PriorConstants:
     time_margin: float = DEFAULT_TIME_MARGIN
     scope: str = "documented defaults (no calibration)"
     n_records: int = 0
+
+    def sample_scales(self) -> tuple[float, float, float]:
+        """The per-sample scales by _sample_column: without Liger, with Liger, with Liger on a LoRA base."""
+        return self.sample_scale, self.liger_sample_scale, self.lora_liger_sample_scale
 
     def fragmentation_of(self, setting: Setting) -> tuple[float, float, float]:
         """(median reserved/allocated ratio, its relative upper margin, the ratio the allocated bound is taken
@@ -430,7 +438,7 @@ def prior_estimate(arch: Architecture, setting: Setting, batch: int, gpu: GpuSpe
 
     Compute is a per-step overhead (launches, Trainer bookkeeping) plus batch × the compute rate's
     seconds per sample (FLOPs at the MFU, and the unfused loss's memory traffic)."""
-    sample_scale = constants.liger_sample_scale if setting.liger else constants.sample_scale
+    sample_scale = constants.sample_scales()[_sample_column(setting)]
     allocated = setting_terms(arch, setting).memory.peak(batch, constants.static_scale, sample_scale)
     rate = ComputeRate(constants.mfu, constants.loss_bytes_per_logit, 0, constants.masked_attention_cost)
     compute = constants.step_overhead_seconds + batch * rate.seconds_per_sample(arch, setting, gpu)
@@ -481,10 +489,12 @@ def fit_constants(records: Iterable[dict], catalog: dict[str, GpuSpec] | None = 
         return PriorConstants()
     terms = [setting_terms(o.arch, o.setting).memory for o in observations]
     features = np.array([t.features(o.batch) for t, o in zip(terms, observations)])
-    liger = np.array([o.setting.liger for o in observations])
-    features = np.column_stack([features[:, 0], features[:, 1] * ~liger, features[:, 1] * liger])
+    columns = np.array([_sample_column(o.setting) for o in observations])
+    features = np.column_stack([features[:, 0], *(features[:, 1] * (columns == c) for c in range(3))])
     measured = np.array([o.allocated for o in observations])
-    static_scale, sample_scale, liger_sample_scale = _memory_scales(features, measured)
+    static_scale, sample_scale, liger_sample_scale, lora_liger_sample_scale = _memory_scales(features, measured)
+    if not (columns == 2).any():  # no Liger on a LoRA base measured: Liger's other scale is the nearest evidence
+        lora_liger_sample_scale = liger_sample_scale
     predicted = _left_out_predictions(terms, observations, features, measured)
     memory_margin = _upper_margin(measured / predicted - 1, DEFAULT_MEMORY_MARGIN)
 
@@ -500,7 +510,8 @@ def fit_constants(records: Iterable[dict], catalog: dict[str, GpuSpec] | None = 
     time = _time_constants([o for o in observations if o.seconds], _all_ladder_slopes(records),
                            fit_masked_attention_cost(records) if masked_attention_cost is None else masked_attention_cost)
     return PriorConstants(static_scale=static_scale, sample_scale=sample_scale,
-                          liger_sample_scale=liger_sample_scale, fragmentation=fragmentation,
+                          liger_sample_scale=liger_sample_scale,
+                          lora_liger_sample_scale=lora_liger_sample_scale, fragmentation=fragmentation,
                           memory_margin=memory_margin, reserved_margin=reserved_margin,
                           checkpointed_fragmentation=checkpointed_fragmentation,
                           checkpointed_reserved_margin=checkpointed_reserved_margin,
@@ -534,11 +545,19 @@ def _left_out_predictions(terms: list[MemoryTerms], observations: list[_Observat
     predicted = np.empty(len(observations))
     for key in set(keys):
         held = np.array([k == key for k in keys])
-        scales = _memory_scales(features[~held], measured[~held]) if (~held).sum() >= MIN_RECORDS_TO_FIT else (1.0, 1.0, 1.0)
+        scales = _memory_scales(features[~held], measured[~held]) if (~held).sum() >= MIN_RECORDS_TO_FIT else (1.0,) * 4
         for index in np.flatnonzero(held):
-            sample = scales[2] if observations[index].setting.liger else scales[1]
+            sample = scales[1 + _sample_column(observations[index].setting)]
             predicted[index] = terms[index].peak(observations[index].batch, scales[0], sample)
     return predicted
+
+
+def _sample_column(setting: Setting) -> int:
+    """Which per-sample scale a setting takes: 0 without Liger, 1 with Liger, 2 with Liger on a LoRA base
+    (QLoRA's fp32 stream counts as a full fine-tune's)."""
+    if not setting.liger:
+        return 0
+    return 2 if setting.lora_rank and not setting.quantization else 1
 
 
 def _all_ladder_slopes(records: list[dict]) -> list[LadderSlope]:
