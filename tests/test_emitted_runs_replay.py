@@ -3,7 +3,6 @@ held-out, end-to-end runs of the user's own training script, none of them in the
 
 from __future__ import annotations
 
-import json
 import statistics
 
 import pytest
