@@ -350,7 +350,7 @@ def _need_pyarrow(what: str) -> None:
     try:
         import pyarrow  # noqa: F401
     except ImportError as error:
-        raise FtplanError(f"reading {what} needs pyarrow (pip install pyarrow), or convert the data to JSONL") from error
+        raise FtplanError(f"reading {what} needs pyarrow (pip install 'ftplan[dataset]'), or convert the data to JSONL") from error
 
 
 def _tokenizer_file(tokenizer: Path) -> Path:
@@ -366,7 +366,7 @@ def _tokenize(texts: list[str], tokenizer: Path) -> np.ndarray:
     try:
         from tokenizers import Tokenizer
     except ImportError as error:
-        raise FtplanError("--tokenizer needs the `tokenizers` library (pip install tokenizers)") from error
+        raise FtplanError("--tokenizer needs the `tokenizers` library (pip install 'ftplan[dataset]')") from error
     try:
         model = Tokenizer.from_file(str(file))
     except Exception as error:  # the library raises its own exception types for a bad file

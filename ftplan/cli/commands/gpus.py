@@ -4,14 +4,14 @@ from pathlib import Path
 
 import click
 
+from ftplan.cli.commands.input_options import GPU_SPECS_HELP
 from ftplan.cli.render import gpu_sources, gpu_table, make_console, print_table
 from ftplan.core.hardware import load_catalog
 
 
 @click.command("gpus")
 @click.option("--gpu-specs", type=click.Path(path_type=Path), default=None,
-              help="CSV with the catalog's columns (name, memory_gib, bf16_dense_tflops, memory_bandwidth_gbs, ...); "
-                   "its rows replace or add cards.")
+              help=GPU_SPECS_HELP)
 def command(gpu_specs: Path | None) -> None:
     """List known GPUs, the names they answer to, memory, bf16 throughput, memory bandwidth, interconnect and where
     each figure comes from; `cpu` is this machine's CPU, for plans from a CPU calibration."""

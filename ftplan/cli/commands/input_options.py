@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from ftplan.core.hardware import COLUMNS, OPTIONAL_NUMBER_COLUMNS
 from ftplan.models.safe_batch import DEFAULT_CONTEXT_RESERVE_GIB
 from ftplan.planner.inputs import DEFAULT_INTER_NODE_LINK, USER_CALIBRATIONS
 from ftplan.planner.search import DEFAULT_SAFETY_MARGIN
@@ -34,10 +35,14 @@ FINITE_FLOAT = FiniteFloat()
 MAX_CONTEXT_RESERVE_GIB = 1024  # more than any card holds
 
 
+GPU_SPECS_HELP = (f"CSV of GPU specs overriding or adding cards: columns {', '.join(COLUMNS)} (required), "
+                  f"{', '.join(OPTIONAL_NUMBER_COLUMNS)}, aliases, interconnect (optional); see data/gpus.csv.")
+
+
 def gpu_options(command: Callable) -> Callable:
     """--gpu NAME and --gpu-specs FILE."""
     command = click.option("--gpu-specs", type=click.Path(path_type=Path), default=None,
-                           help="CSV of GPU specs (columns as in `ftplan gpus`) overriding or extending the catalog.")(command)
+                           help=GPU_SPECS_HELP)(command)
     return click.option("--gpu", "gpu_name", required=True, help="GPU model, e.g. H200 (see `ftplan gpus`).")(command)
 
 

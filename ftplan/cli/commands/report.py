@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ftplan.cli.commands.input_options import budget_options, calibrations_option, link_options
+from ftplan.cli.commands.input_options import GPU_SPECS_HELP, budget_options, calibrations_option, link_options
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import CPU, load_catalog
 from ftplan.core.settings import Setting
@@ -21,7 +21,7 @@ from ftplan.planner.inputs import load_evidence
               help="Samples per epoch for the time-to-completion chart.")
 @click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
               help="Passes over the dataset, for the time-to-completion chart.")
-@click.option("--gpu-specs", type=click.Path(path_type=Path), default=None, help="CSV of GPU specs overriding the catalog.")
+@click.option("--gpu-specs", type=click.Path(path_type=Path), default=None, help=GPU_SPECS_HELP)
 @click.option("--gpus", default="1..128", show_default=True, help="GPU counts of the scaling chart (as in `ftplan plan`).")
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True,
               help="GPUs a node holds in the scaling chart; beyond it nodes talk over the inter-node link.")
