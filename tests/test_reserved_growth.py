@@ -24,7 +24,8 @@ pytestmark = pytest.mark.skipif(not (SHIPPED / "h200.jsonl").exists(), reason="n
 
 @pytest.fixture(scope="module")
 def phi_ladder() -> list[dict]:
-    records = [r for r in read_records([SHIPPED]) if r["model"] == "phi-3-mini-4k" and r["status"] in ("ok", "oom")]
+    records = [r for r in read_records([SHIPPED]) if r["model"] == "phi-3-mini-4k" and r["status"] in ("ok", "oom")
+               and r["gradient_checkpointing"] and not r["liger"] and not r.get("alloc_conf")]
     assert {r["micro_batch"] for r in records if r["status"] == "ok"} >= {1, 2, 4, 84}
     return records
 
