@@ -199,3 +199,29 @@ def test_masked_run_is_priced_slower_than_the_same_rows_unmasked():
     masked = prior_estimate(LLAMA_1B, Setting("llama-3.2-1b", padding="longest"), 8, H200, constants)
     assert masked.seconds_per_step > plain.seconds_per_step
     assert masked.peak_allocated > plain.peak_allocated  # K/V expanded to every query head
+
+
+def test_a_packed_micro_batch_adds_the_flattened_sequences_mask_and_attention_as_measured_on_the_h200():
+    """benchmarks/gpu/packed_path.py, 2026-12-04: k rows packed and flattened against the same rows padded, one
+    training step each; what packing added to peak allocated memory is the prior's extra to within 2%, and where it adds
+    more than 50 ms, its step time to within 70% (the masked path's cost is fitted on padded batches)."""
+    import json
+    from pathlib import Path
+
+    from ftplan.models.prior import packed_attention_extra
+
+    rows = [json.loads(line) for line in
+            (Path(__file__).parents[1] / "benchmarks/gpu/results/packed_path_h200.jsonl").read_text().splitlines()]
+    for row in (r for r in rows if r["k"] > 1):
+        setting = Setting(row["model"], seq_len=row["seq"], padding="packed")
+        extra, flops = packed_attention_extra(load_architecture(row["model"]), setting, row["k"])
+        assert extra == row["prior_extra_bytes"]
+        assert row["packed_bytes"] - row["padded_bytes"] == pytest.approx(extra, rel=0.02)
+        seconds = PriorConstants(mfu=0.54, masked_attention_cost=6.1)
+        added = ComputeRate(seconds.mfu, 0.0, 0, seconds.masked_attention_cost).packed_seconds(flops, H200)
+        if added > 0.05:  # below, a step's noise and the padded batch's own masked path outweigh it
+            assert row["packed_seconds"] - row["padded_seconds"] == pytest.approx(added, rel=0.7)
+    one = Setting("qwen2.5-0.5b", padding="packed")
+    assert packed_attention_extra(load_architecture("qwen2.5-0.5b"), one, 1) == (0.0, 0.0)  # one row: as padded
+    flash = one.with_(attention="flash_attention_2")
+    assert packed_attention_extra(load_architecture("qwen2.5-0.5b"), flash, 8) == (0.0, 0.0)  # varlen rows

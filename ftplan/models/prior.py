@@ -32,6 +32,7 @@ from ftplan.core.settings import Setting
 from ftplan.models.activations import liger_lm_head_grad_bytes, peak_bytes_per_token, stream_bytes
 from ftplan.models.bytes_per_param import (
     HALF_BYTES,
+    activation_bytes,
     frozen_param_bytes,
     quantized_base_bytes,
     trainable_param_bytes,
@@ -197,6 +198,24 @@ def logit_elements_per_sample(arch: Architecture, setting: Setting) -> int:
     return 0 if setting.liger else setting.seq_len * arch.vocab
 
 
+def packed_attention_extra(arch: Architecture, setting: Setting, batch: int) -> tuple[float, float]:
+    """(bytes, masked attention FLOPs) a packed micro-batch of `batch` rows costs beyond its rows priced one by one.
+
+    Padding-free collation (TRL's packing) flattens the micro-batch into one sequence of batch × seq tokens, and
+    for SDPA transformers masks it block-diagonally with one dense (T, T) mask (masking_utils, from the rows'
+    position_ids): the masked kernel computes every query against every key of the flattened sequence, and each
+    layer saves that mask for backward. Both grow with batch², so a packed micro-batch of k rows costs k times a
+    padded one's attention and mask (checked on transformers 5.25: a (1, 1, 120, 120) bool mask for three packed
+    rows). Flash-attention 2 runs the rows as varlen sequences instead: nothing extra. Eager is not priced apart.
+    """
+    if setting.padding != "packed" or not setting.masked or setting.attention != "sdpa" or batch <= 1:
+        return 0.0, 0.0
+    pairs = batch * (batch - 1)  # the row pairs one flattened sequence adds to the rows' own squares
+    layers_holding = 1 if setting.gradient_checkpointing else arch.layers  # the recomputed layer's, or every layer's
+    mask = layers_holding * setting.seq_len**2 * activation_bytes(setting) * pairs
+    return float(mask), masked_attention_flops(arch, setting) * pairs
+
+
 @dataclass(frozen=True)
 class ComputeRate:
     """What one more sample costs a compute-bound step: matmul FLOPs at an achieved share (MFU) of the
@@ -221,6 +240,11 @@ class ComputeRate:
     def masked_seconds(self, terms: SettingTerms, gpu: GpuSpec) -> float:
         """The masked attention path's extra seconds per sample."""
         return self.masked_attention_cost * terms.masked_attention_flops / (gpu.bf16_dense_tflops * 1e12)
+
+    def packed_seconds(self, flops: float, gpu: GpuSpec) -> float:
+        """Seconds of masked attention FLOPs that packing adds (packed_attention_extra): the FLOPs at the MFU
+        plus the masked path's extra."""
+        return flops / (gpu.bf16_dense_tflops * 1e12) * (1 / self.mfu + self.masked_attention_cost)
 
     def to_json(self) -> dict:
         return {"mfu": self.mfu, "loss_bytes_per_logit": self.loss_bytes_per_logit, "n_ladders": self.n_ladders,
@@ -439,9 +463,11 @@ def prior_estimate(arch: Architecture, setting: Setting, batch: int, gpu: GpuSpe
     Compute is a per-step overhead (launches, Trainer bookkeeping) plus batch × the compute rate's
     seconds per sample (FLOPs at the MFU, and the unfused loss's memory traffic)."""
     sample_scale = constants.sample_scales()[_sample_column(setting)]
-    allocated = setting_terms(arch, setting).memory.peak(batch, constants.static_scale, sample_scale)
+    packed_bytes, packed_flops = packed_attention_extra(arch, setting, batch)
+    allocated = setting_terms(arch, setting).memory.peak(batch, constants.static_scale, sample_scale) + packed_bytes
     rate = ComputeRate(constants.mfu, constants.loss_bytes_per_logit, 0, constants.masked_attention_cost)
-    compute = constants.step_overhead_seconds + batch * rate.seconds_per_sample(arch, setting, gpu)
+    compute = (constants.step_overhead_seconds + batch * rate.seconds_per_sample(arch, setting, gpu)
+               + rate.packed_seconds(packed_flops, gpu))
     optimizer = optimizer_seconds(arch, setting, gpu, constants.cpu_adam_seconds_per_param)
     return PriorEstimate(allocated, allocated * constants.fragmentation_of(setting)[0], compute + optimizer, compute,
                          optimizer)
