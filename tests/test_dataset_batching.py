@@ -4,6 +4,7 @@ from a long-tailed dataset that differ (correctly) from the padded-to-max plan."
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import math
 
 import numpy as np
@@ -172,6 +173,23 @@ def test_packing_a_long_tail_counts_packed_rows():
     choice = packed.recommended
     assert (choice.batching.rows, choice.batching.real_tokens_per_row) == (109, 1000.0)
     assert packed.plan.recommended.eta.steps == math.ceil(109 / choice.micro_batch)
+
+
+class QuadraticPredictor(TokenPredictor):
+    """Packed SDPA attention: a micro-batch's time grows with the square of its rows (models/prior.py)."""
+
+    def predict(self, setting: Setting, micro_batch: int, gpu: GpuSpec) -> Prediction:
+        linear = super().predict(setting, micro_batch, gpu)
+        seconds = linear.seconds_per_step.mean + 0.01 * micro_batch**2
+        return replace(linear, seconds_per_step=Estimate(seconds, seconds))
+
+
+def test_packing_runs_the_fastest_micro_batch_not_the_largest_that_fits():
+    request = PlanRequest(base=Setting(model="llama-3-8b", seq_len=1000), dataset_size=1, epochs=1.0, gpu=GPU,
+                          budget=BUDGET, lora_ranks=(16,), precision="bf16")
+    packed = plan_from_lengths(QuadraticPredictor(), request, LONG_TAIL, DatasetOptions(strategy="pack", pack_length=1000))
+    # rows/s = b / (0.1 + 0.1 b + 0.01 b²) peaks at b = sqrt(0.1 / 0.01) = 3.16: 3, where more fit
+    assert (packed.recommended.micro_batch, packed.recommended.largest_fitting) == (3, LARGEST)
 
 
 def test_truncating_the_tail_plans_memory_at_the_limit():

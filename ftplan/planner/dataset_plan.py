@@ -169,8 +169,9 @@ class _SetupTimer:
         return self.predictor.predict(setting.with_(seq_len=length), batch, self.request.gpu).seconds_per_step.mean
 
     def _split(self, setting: Setting, largest: int) -> tuple[int, int, int | None]:
-        """A target global batch fixes micro-batch × accumulation; without one the largest fitting batch runs,
-        and the batch where throughput stops growing is worth reporting."""
+        """A target global batch fixes micro-batch × accumulation; without one the largest fitting batch runs (with
+        packing the fastest one, which SDPA's flattened attention makes smaller), and the batch where throughput
+        stops growing is worth reporting."""
         def rows_per_second(batch: int) -> float:
             return batch * setting.world_size / self.step_seconds(setting, batch)
 
@@ -178,6 +179,9 @@ class _SetupTimer:
             micro, accumulation = split_global_batch(self.options.global_batch, setting.world_size, largest,
                                                      rows_per_second)
             return micro, accumulation, None
+        if self.options.strategy == "pack":  # a packed micro-batch's attention grows with its square (prior.py)
+            fastest = max(range(1, largest + 1), key=lambda batch: (rows_per_second(batch), batch))
+            return fastest, 1, saturating_batch(fastest, rows_per_second)
         return largest, 1, saturating_batch(largest, rows_per_second)
 
     def time(self, setup: SetupPlan) -> tuple[SetupPlan, SetupBatching]:
