@@ -161,6 +161,7 @@ def test_only_a_plan_that_chose_its_own_global_batch_and_accumulates_nothing_gro
     assert numbers["global_batch_asked"] is None and can_grow(numbers)
     assert not can_grow({**numbers, "accumulation": 2})
     assert not can_grow({**numbers, "global_batch_asked": 64})
+    assert not can_grow({**numbers, "strategy": "pack"})  # packing runs the fastest micro-batch, not the largest
     assert not can_grow({key: value for key, value in numbers.items() if key != "global_batch_asked"})  # older folder
 
 
@@ -186,3 +187,37 @@ def test_rehearse_ends_the_folder_at_the_largest_safe_batch_and_records_every_ru
     assert json.loads((folder / TRAINING_ARGS).read_text())["per_device_train_batch_size"] == planned + 2
     assert (folder / README).read_text().rstrip().splitlines()[-1].startswith("VERIFIED by `ftplan rehearse`: "
                                                                               f"micro-batch {planned + 2}")
+
+
+def test_a_packed_folder_rehearses_through_trls_sfttrainer_padding_free(tmp_path, capsys, monkeypatch):
+    """What the rehearsal runs for --batching pack: the emitted SFTConfig, TRL packing the samples into rows and
+    collating them padding-free (position_ids, no mask), here on the CPU with a tiny model."""
+    pytest.importorskip("trl")
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from ftplan.calibration.rehearsal import load_emitted, packed_sample_lengths, packed_trainer
+
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_text("".join(json.dumps({"text": "word " * (20 + i % 50)}) + "\n" for i in range(200)))
+    folder = tmp_path / "configs"
+    code, _, err = run_ftplan(["plan", "--model", "llama-3.2-1b", "--gpu", "H200", "--dataset", dataset, "--full",
+                               "--batching", "pack", "--pack-length", "64", "--emit", folder], capsys, monkeypatch)
+    assert code == 0, err
+    numbers = read_plan(folder)
+    lengths = packed_sample_lengths(numbers, steps=2)
+    assert sum(lengths) >= 1.1 * numbers["micro_batch"] * 2 * 64 and max(lengths) <= 64
+    emitted = load_emitted(folder)
+    args = emitted.training_arguments(output_dir=str(tmp_path / "out"), max_steps=2, report_to=[], use_cpu=True,
+                                      bf16=False, save_strategy="no", logging_strategy="no", disable_tqdm=True,
+                                      per_device_train_batch_size=2, gradient_accumulation_steps=1,
+                                      use_liger_kernel=False)  # Liger's kernels need a GPU
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=300)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    model.config.use_cache = False
+    trainer = packed_trainer(model, args, lengths, 300, [])
+    batch = next(iter(trainer.get_train_dataloader()))
+    assert "position_ids" in batch and "attention_mask" not in batch and batch["input_ids"].shape[0] == 1
+    assert trainer.train().global_step == 2

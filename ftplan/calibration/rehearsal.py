@@ -3,8 +3,8 @@
 This is the user's train.py: it imports DIR/training_args.py and builds the run from its training_arguments(),
 data_collator(), model_kwargs() and prepare_model(), with the architecture's random weights and random token
 ids at the dataset's own lengths (plan.json; memory and speed depend on neither the weights nor the ids).
-Only the order of the rows (the heaviest micro-batches first, then a random mix) and the step limit are the
-rehearsal's own. Runs in its own process, like a calibration trial, so an OOM ends only it.
+Only the order of the rows (the heaviest micro-batches first, then a random mix; packed rows come as TRL packs
+them) and the step limit are the rehearsal's own. Runs in its own process, like a calibration trial, so an OOM ends only it.
 
 Usage: python -m ftplan.calibration.rehearsal --dir DIR --steps N --result RESULT.json
 Exit codes: 0 ok, 3 out of memory, 1 any other error.
@@ -59,6 +59,28 @@ def rehearsal_lengths(plan: dict, steps: int, seed: int = 0) -> tuple[list[int],
     mixed = [draw.choice(lengths) for _ in range(rows_per_step * (steps - heavy_steps))]
     heavy += [ordered[0]] * (rows_per_step * heavy_steps - len(heavy))  # a dataset smaller than the heavy steps
     return heavy + mixed, heavy_steps
+
+
+def packed_sample_lengths(plan: dict, steps: int, seed: int = 0) -> list[int]:
+    """Samples drawn at random from the plan's lengths until they fill a tenth more packed rows than `steps`
+    optimizer steps take: TRL packs them (best-fit decreasing) into rows, nearly all full, so which rows come
+    first does not change a step's cost."""
+    rows = plan["micro_batch"] * plan["accumulation"] * steps
+    draw, lengths, drawn = random.Random(seed), plan["lengths"], []
+    while sum(drawn) < 1.1 * rows * plan["length"] + plan["length"]:
+        drawn.append(min(draw.choice(lengths), plan["length"]))
+    return drawn
+
+
+def packed_trainer(model, args, lengths: list[int], vocab: int, callbacks: list):
+    """TRL's SFTTrainer on pre-tokenized samples, as the emitted training_args.py asks (SFTConfig with packing):
+    it packs them and collates padding-free, as the user's run does."""
+    from datasets import Dataset
+    from trl import SFTTrainer
+
+    dataset = Dataset.from_dict({"input_ids": RandomRows(lengths, vocab).rows})
+    return SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=padding_tokenizer(),
+                      callbacks=callbacks)
 
 
 def load_emitted(directory: Path):
@@ -117,13 +139,17 @@ def rehearse(emitted, plan: dict, steps: int) -> dict:
 
     torch.cuda.set_device(0)
     model, arch = build_model(emitted, setting)
-    lengths, heavy_steps = rehearsal_lengths(plan, steps)
     clock = step_clock()
     with tempfile.TemporaryDirectory(prefix="ftplan-rehearsal-") as output_dir:
         args = emitted.training_arguments(output_dir=output_dir, max_steps=steps, report_to=[], save_strategy="no",
                                           logging_strategy="no", disable_tqdm=True)
-        trainer = ordered_trainer()(model=model, args=args, train_dataset=RandomRows(lengths, arch.vocab),
-                                    data_collator=emitted.data_collator(padding_tokenizer()), callbacks=[clock])
+        if plan["strategy"] == "pack":
+            heavy_steps = 0
+            trainer = packed_trainer(model, args, packed_sample_lengths(plan, steps), arch.vocab, [clock])
+        else:
+            lengths, heavy_steps = rehearsal_lengths(plan, steps)
+            trainer = ordered_trainer()(model=model, args=args, train_dataset=RandomRows(lengths, arch.vocab),
+                                        data_collator=emitted.data_collator(padding_tokenizer()), callbacks=[clock])
         trainer.train()
     allocated, reserved, retries = measure.peak_memory("cuda")
     return {"peak_allocated_bytes": allocated, "peak_reserved_bytes": reserved, "num_alloc_retries": retries,

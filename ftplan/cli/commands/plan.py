@@ -211,13 +211,12 @@ def _emit(emit: Path, result: api.PlanResult, label: str | None, force: bool, ca
 
 def _rehearse_hint(emit: Path, chosen) -> str:
     """How to verify the folder on the GPU before the full run, and what that costs."""
-    if chosen.setting.padding == "packed":
-        return "packed batches cannot be rehearsed yet (TRL's SFTTrainer); the batch stays as planned, unverified"
     from ftplan.planner.rehearse import DEFAULT_STEPS, read_plan, rehearsal_seconds
     minutes = rehearsal_seconds(read_plan(emit), DEFAULT_STEPS) / 60
     return (f"verify it on the GPU before the full run: `ftplan rehearse {emit}` runs this folder unchanged for "
             f"{DEFAULT_STEPS} steps on the heaviest batches (about {minutes:.1f} GPU-minutes a run; it lowers the "
-            "batch and rewrites the folder if it runs out of memory)")
+            "batch and rewrites the folder if it runs out of memory, and grows it while a safe run leaves room"
+            + ("; packed rows need TRL installed, as training does" if chosen.setting.padding == "packed" else "") + ")")
 
 
 def _emitted_setup(plan, label: str | None):
