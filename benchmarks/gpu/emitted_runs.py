@@ -44,6 +44,9 @@ CASES = [
     ("qwen3-8b-liger-lora-pad", "qwen3-8b", ["--lora"], None),
     ("gemma2-liger-lora-pad", "gemma-2-2b", ["--lora"], None),
     ("phi4-liger-lora-pad", "phi-4", ["--lora"], None),
+    # packing through TRL's SFTTrainer: WHEELS=.whlpack (trl, datasets, dill, multiprocess) for emitted_runs.sh
+    ("qwen05-full-pack", "qwen2.5-0.5b", ["--full", "--dataset", "D", "--tokenizer", "T", "--seq-len", "2048",
+                                          "--batching", "pack"], "ddp full s2048 packed"),
 ]
 
 

@@ -5,8 +5,10 @@
 # $OUT/rehearsals.jsonl, the rewritten folders (their plan.json lists every rehearsal) to $OUT/emitted.tar.gz.
 #   BUDGET=540 STEPS=20 bash benchmarks/gpu/emitted_runs.sh .bench case1 case2 ...
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ${WHEELS:-.whl}/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+# The wheels go under a path holding "site-packages": dill (datasets' fingerprints, TRL's packing) pickles any module
+# elsewhere by value and fails on pyarrow (PicklingError: MonthDayNano), as the packed rehearsal did from /tmp/site.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/wheels/site-packages ${WHEELS:-.whl}/*.whl || exit 1
+export PYTHONPATH=/tmp/wheels/site-packages:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 work=${1:?work folder}; shift
 start=$SECONDS budget=${BUDGET:-540} steps=${STEPS:-20}
 echo "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader)"
