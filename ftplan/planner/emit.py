@@ -165,7 +165,8 @@ def _liger_lines(setting: Setting) -> list[str]:
 
 REHEARSE_LINES = ("", "Before the full run, on the GPU: `ftplan rehearse THIS_FOLDER` runs it unchanged for a few steps on the",
                   "heaviest batches; if it runs out of memory or comes within the safety margin it lowers the batch",
-                  "(raising gradient accumulation to keep the global batch) and rewrites this folder.")
+                  "(raising gradient accumulation to keep the global batch), and while a run leaves room it tries a",
+                  "larger one (where the plan chose the global batch); it rewrites this folder to the largest that ran.")
 
 
 def readme(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch, plan_warnings: Sequence[str] = ()) -> str:
