@@ -38,7 +38,7 @@ def planner_seconds(model: str, gpu: str, calibrations: list[Path], dataset_size
     from ftplan.core.hardware import find_gpu, load_catalog
     from ftplan.core.settings import Setting
     from ftplan.planner.gpu_counts import plan_gpu_counts
-    from ftplan.planner.inputs import load_evidence
+    from ftplan.evidence.inputs import load_evidence
     from ftplan.models.scaling import parse_gpu_counts
     from ftplan.planner.search import PlanRequest, make_plan
 

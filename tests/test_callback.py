@@ -260,8 +260,9 @@ def test_cuda_run_records_the_allocator_peaks_of_the_card(tmp_path):
     assert record["precision"] == "bf16" and record["steps_measured"] == 4 and record["num_alloc_retries"] == 0
 
 
-def test_rehearsals_in_the_records_folder_enter_no_fit_of_the_callbacks_prediction(tmp_path, monkeypatch):
-    """As in `ftplan plan`: a rehearsal verifies its emitted folder; its batches are the user's data, not a ladder."""
+def test_the_callback_predicts_through_the_plans_workspace_which_leaves_rehearsals_out(tmp_path, monkeypatch):
+    """As in `ftplan plan`: one Workspace; a rehearsal verifies its emitted folder, its batches are the user's data,
+    not a ladder, so it enters no fit."""
     import ftplan.calibration.callback as callback
     from ftplan.core.settings import Setting
     from ftplan.store.records import append_record, build_record
@@ -271,13 +272,11 @@ def test_rehearsals_in_the_records_folder_enter_no_fit_of_the_callbacks_predicti
     append_record(out, build_record(setting, 3, "ok", gpu_name="NVIDIA H200", peak_allocated_bytes=2**34))
     append_record(out, build_record(setting, 5, "ok", gpu_name="NVIDIA H200", peak_allocated_bytes=2**35,
                                     rehearsal=True))
-    fitted = []
-
-    class Fitted:
-        def predict(self, *args):
-            return None
-
-    monkeypatch.setattr(callback.Predictor, "fit", staticmethod(lambda records: fitted.append(records) or Fitted()))
-    callback._predict(setting, 3, "H200", out, "machine")
-    mine = [r["micro_batch"] for r in fitted[0] if r.get("peak_allocated_bytes") in (2**34, 2**35)]
-    assert mine == [3]
+    opened = []
+    real_open = callback.Workspace.open
+    monkeypatch.setattr(callback.Workspace, "open", lambda *a, **k: opened.append(real_open(*a, **k)) or opened[-1])
+    prediction = callback._predict(setting, 3, "H200", out, "machine")
+    evidence = opened[0].evidence
+    assert prediction.micro_batch == 3
+    assert [r["micro_batch"] for r in evidence.records if r.get("peak_allocated_bytes") in (2**34, 2**35)] == [3]
+    assert [r["micro_batch"] for r in evidence.rehearsals] == [5]

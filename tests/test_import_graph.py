@@ -1,5 +1,5 @@
-"""Arrows run down the layers only: core < models < store < calibration, planner < cli (calibration may use
-models to choose its verify batch). An upward import is how models/ once needed calibration/."""
+"""Arrows run down the layers only: core < models < store < evidence < calibration, planner < cli (calibration
+may use models to choose its verify batch, and the evidence to predict the run it records). An upward import is how models/ once needed calibration/."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ ALLOWED = {
     "core": {"core"},
     "models": {"core", "models"},
     "store": {"core", "models", "store"},
-    "calibration": {"core", "calibration", "models", "store"},
-    "planner": {"core", "models", "store", "calibration", "planner"},
-    "cli": {"core", "models", "store", "calibration", "planner", "cli"},
+    "evidence": {"core", "models", "store", "evidence"},
+    "calibration": {"core", "calibration", "models", "store", "evidence"},
+    "planner": {"core", "models", "store", "evidence", "calibration", "planner"},
+    "cli": {"core", "models", "store", "evidence", "calibration", "planner", "cli"},
 }
 
 

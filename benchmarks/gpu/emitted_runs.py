@@ -158,7 +158,7 @@ def replayed(plan: dict, micro_batch: int):
     feed), as `plan --dataset` predicts them."""
     from ftplan.core.settings import Setting
     from ftplan.models.batching import apply_limit, batching
-    from ftplan.planner.workspace import Workspace
+    from ftplan.evidence.workspace import Workspace
 
     setting = Setting.from_dict(plan["setting"])
     workspace = Workspace.open(plan["gpu"])

@@ -44,6 +44,7 @@ from ftplan.calibration.trainer_setting import run_architecture, setting_fields
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import find_gpu
 from ftplan.core.paths import calibrations_dir
+from ftplan.evidence.workspace import Workspace
 from ftplan.store.records import append_record, build_record, is_rehearsal, read_records
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
@@ -51,7 +52,6 @@ from ftplan.models.bytes_per_param import same_state_optimizers
 from ftplan.models.fit import fit_groups
 from ftplan.models.fitset import FitSet
 from ftplan.models.prediction import SOURCE_CALIBRATED, SOURCE_EXTRAPOLATED, Prediction
-from ftplan.models.predictor import Predictor
 
 SOURCE = "trainer_callback"
 RANKS_DIR = ".ftplan-ranks"  # beside the record: on a shared file system rank 0 sees other nodes' results too
@@ -376,9 +376,10 @@ def _predict(setting: Setting, micro_batch: int, gpu: str, out: Path, machine_id
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # skipped records and unfittable groups: not the user's problem here
-        records = [r for r in read_records([p for p in (calibrations_dir(), out) if p.exists()]) if not is_rehearsal(r)]
-        if gpu != "cpu":  # rehearsals verify their folders and enter no fit, as in `ftplan plan`
-            return Predictor.fit(records).predict(setting, micro_batch, find_gpu(gpu))
+        sources = [p for p in (calibrations_dir(), out) if p.exists()]
+        if gpu != "cpu":  # the Workspace `ftplan plan` opens: the same records, links and fit, rehearsals left out
+            return Workspace.open(gpu, sources).predict(setting, micro_batch)
+        records = [r for r in read_records(sources) if not is_rehearsal(r)]
         own = [r for r in records if r.get("device") == "cpu" and r.get("machine_id") == machine_id]
         fits = FitSet(tuple(fit_groups(own)))
         same_state = [setting.with_(optimizer=o) for o in same_state_optimizers(setting.optimizer)]  # AdamW variants

@@ -39,10 +39,10 @@ from ftplan.planner.dataset_plan import (
 )
 from ftplan.planner.gpu_counts import ScalingPlan, plan_gpu_counts
 from ftplan.planner.headline import headline
-from ftplan.planner.inputs import Evidence
+from ftplan.evidence.inputs import Evidence
 from ftplan.planner.search import DEFAULT_LORA_RANKS, Plan, PlanRequest, SetupPlan, make_plan
 from ftplan.planner.verified import mark_verified
-from ftplan.planner.workspace import Workspace
+from ftplan.evidence.workspace import Workspace
 
 if TYPE_CHECKING:  # pandas only for to_frame: importing it cost more than a whole plan
     import pandas as pd

@@ -26,7 +26,7 @@ from ftplan.models.eta import estimate_eta
 from ftplan.models.host_memory import host_bytes_per_node, usable_host_bytes
 from ftplan.planner.as_data import eta_to_dict, prediction_to_dict
 from ftplan.planner.search import fits_budget
-from ftplan.planner.workspace import Workspace
+from ftplan.evidence.workspace import Workspace
 
 
 @click.command("eta")

@@ -13,7 +13,7 @@ from ftplan.core.errors import FtplanError
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.fitset import FitSet, fit_records
-from ftplan.planner.inputs import default_calibrations
+from ftplan.evidence.inputs import default_calibrations
 from ftplan.store.records import read_records
 
 

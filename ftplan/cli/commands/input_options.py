@@ -11,7 +11,7 @@ import click
 
 from ftplan.core.hardware import COLUMNS, OPTIONAL_NUMBER_COLUMNS
 from ftplan.models.safe_batch import DEFAULT_CONTEXT_RESERVE_GIB
-from ftplan.planner.inputs import DEFAULT_INTER_NODE_LINK, USER_CALIBRATIONS
+from ftplan.evidence.inputs import DEFAULT_INTER_NODE_LINK, USER_CALIBRATIONS
 from ftplan.planner.search import DEFAULT_SAFETY_MARGIN
 
 

@@ -23,7 +23,7 @@ from ftplan.models.communication.layout import describe_layout
 from ftplan.models.prediction import Prediction
 from ftplan.models.safe_batch import MemoryBudget, proven_batch
 from ftplan.planner.search import fits_budget
-from ftplan.planner.workspace import Workspace
+from ftplan.evidence.workspace import Workspace
 
 DEFAULT_GPU = "H200"  # the card the shipped calibrations were measured on
 

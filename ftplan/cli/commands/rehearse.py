@@ -9,7 +9,7 @@ import click
 
 from ftplan.core.errors import EXIT_DOES_NOT_FIT
 from ftplan.core.units import GIB
-from ftplan.planner.inputs import USER_CALIBRATIONS
+from ftplan.evidence.inputs import USER_CALIBRATIONS
 from ftplan.planner.rehearse import DEFAULT_STEPS, read_plan, rehearsal_seconds, rehearse_folder
 from ftplan.store.records import append_record
 

@@ -10,7 +10,7 @@ from ftplan.cli.commands.input_options import GPU_SPECS_HELP, budget_options, ca
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import CPU, load_catalog
 from ftplan.core.settings import Setting
-from ftplan.planner.inputs import load_evidence
+from ftplan.evidence.inputs import load_evidence
 
 
 @click.command("report")

@@ -1,8 +1,9 @@
 """One card's workspace: the records, the catalog, the links and the fitted predictor, loaded once.
 
-`ftplan predict`, `ftplan eta`, `ftplan plan` and the Python API each began with the same six steps (read the
-catalog, find the card, read the records, price the links, add the step-time spread, fit); they open a
-Workspace instead, so they cannot drift apart in defaults or in the order of precedence.
+`ftplan predict`, `ftplan eta`, `ftplan plan`, the Python API and the Trainer callback each began with the same
+six steps (read the catalog, find the card, read the records, price the links, add the step-time spread, fit);
+they open a Workspace instead, so they cannot drift apart in defaults, in the order of precedence or in which
+records enter a fit (rehearsals never do).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ftplan.models.communication.links import Links
 from ftplan.models.prediction import Prediction
 from ftplan.models.safe_batch import MemoryBudget
 from ftplan.models.scaling import with_step_time_cv
-from ftplan.planner.inputs import Evidence, load_evidence
+from ftplan.evidence.inputs import Evidence, load_evidence
 
 
 @dataclass(frozen=True)
