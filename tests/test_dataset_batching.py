@@ -192,6 +192,25 @@ def test_packing_runs_the_fastest_micro_batch_not_the_largest_that_fits():
     assert (packed.recommended.micro_batch, packed.recommended.largest_fitting) == (3, LARGEST)
 
 
+class NoFixedCostPredictor(TokenPredictor):
+    """Time in proportion to the padded tokens alone: no per-step cost for a larger batch to spread."""
+
+    def predict(self, setting: Setting, micro_batch: int, gpu: GpuSpec) -> Prediction:
+        linear = super().predict(setting, micro_batch, gpu)
+        seconds = SECONDS_PER_TOKEN * micro_batch * setting.seq_len
+        return replace(linear, seconds_per_step=Estimate(seconds, seconds))
+
+
+def test_dynamic_padding_on_a_long_tail_runs_the_batch_that_pads_least_when_it_is_clearly_faster():
+    request = PlanRequest(base=Setting(model="llama-3-8b", seq_len=1000), dataset_size=1, epochs=1.0, gpu=GPU,
+                          budget=BUDGET, lora_ranks=(16,), precision="bf16")
+    lengths = np.array([100] * 900 + [1000] * 100)  # one row in ten is long: a batch of b pads to it ever more often
+    dynamic = plan_from_lengths(NoFixedCostPredictor(), request, lengths, DatasetOptions(strategy="dynamic"))
+    assert dynamic.recommended.micro_batch == 1 < dynamic.recommended.largest_fitting
+    padded = plan_from_lengths(NoFixedCostPredictor(), request, lengths, DatasetOptions(strategy="pad"))
+    assert padded.recommended.micro_batch == padded.recommended.largest_fitting  # padding to the length: all alike
+
+
 def test_truncating_the_tail_plans_memory_at_the_limit():
     capped = _plan("dynamic", max_length=200)
     assert capped.limited.over == 10 and capped.limited.tokens_lost == 8000

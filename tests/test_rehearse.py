@@ -162,6 +162,7 @@ def test_only_a_plan_that_chose_its_own_global_batch_and_accumulates_nothing_gro
     assert not can_grow({**numbers, "accumulation": 2})
     assert not can_grow({**numbers, "global_batch_asked": 64})
     assert not can_grow({**numbers, "strategy": "pack"})  # packing runs the fastest micro-batch, not the largest
+    assert not can_grow({**numbers, "largest_fitting": numbers["micro_batch"] + 3})  # a smaller one was faster
     assert not can_grow({key: value for key, value in numbers.items() if key != "global_batch_asked"})  # older folder
 
 

@@ -243,7 +243,8 @@ def plan_numbers(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch, le
                           "peak_reserved_upper_bytes": best.peak_reserved.upper,
                           "seconds_per_step": setup.eta.seconds_per_step, "steps": setup.eta.steps},
             "limit": batch.limit, "too_long": batch.too_long, "headline": headline(setup, request),
-            "global_batch_asked": batch.global_batch, "rehearsals": [], "lengths": lengths}
+            "global_batch_asked": batch.global_batch, "largest_fitting": batch.largest_fitting, "rehearsals": [],
+            "lengths": lengths}
 
 
 def rewrite_rehearsed(directory: Path, micro_batch: int, accumulation: int, rehearsal: dict, note: str) -> None:

@@ -38,6 +38,7 @@ class PlannedBatch:
     alloc_conf: str = ""  # PYTORCH_CUDA_ALLOC_CONF of the planned recipe: what its predictions were made for
     setting: Setting | None = None  # the planned recipe (collator padding, attention, dtype)
     global_batch: int | None = None  # the global batch the user asked for (--global-batch); None: the plan's own
+    largest_fitting: int = 0  # the largest micro-batch the plan found safe (the planned one may be faster and smaller)
 
 
 def planned_batch(setup: SetupPlan, request: PlanRequest, dataset: DatasetPlan | None) -> PlannedBatch:
@@ -46,11 +47,11 @@ def planned_batch(setup: SetupPlan, request: PlanRequest, dataset: DatasetPlan |
     choice = dataset.setups.get(setup.setting) if dataset is not None else None
     if choice is None:
         return PlannedBatch(setup.batch, 1, "pad", request.base.seq_len, None, "truncate", False,
-                            setup.setting.alloc_conf, setup.setting)
+                            setup.setting.alloc_conf, setup.setting, largest_fitting=setup.batch)
     limited, strategy = dataset.limited, dataset.options.strategy
     return PlannedBatch(choice.micro_batch, choice.accumulation, strategy, choice.batching.memory_length,
                         limited.limit if limited.over else None, limited.too_long, True,
-                        setup.setting.alloc_conf, setup.setting, dataset.options.global_batch)
+                        setup.setting.alloc_conf, setup.setting, dataset.options.global_batch, choice.largest_fitting)
 
 
 def sampler_args(batch: PlannedBatch) -> dict:

@@ -177,10 +177,11 @@ def rehearse_folder(directory: Path, steps: int, timeout: float, lower: bool, lo
 
 def can_grow(numbers: dict) -> bool:
     """A larger micro-batch may replace the planned one only where the plan chose the global batch itself (no
-    --global-batch asked) and accumulates nothing: then the plan's own aim is the largest safe micro-batch. Not
-    with packing, whose plan runs the fastest micro-batch instead (its attention grows with the square)."""
+    --global-batch asked), accumulates nothing and ran the largest batch it found safe: then its aim is the largest
+    safe micro-batch. Not where a smaller one was faster (dynamic padding on a long tail), nor with packing, whose
+    attention grows with the square."""
     return (numbers["accumulation"] == 1 and numbers.get("global_batch_asked", 0) is None
-            and numbers["strategy"] != "pack")
+            and numbers.get("largest_fitting") == numbers["micro_batch"] and numbers["strategy"] != "pack")
 
 
 def final_note(final: Rehearsal, runs: list[Rehearsal], steps: int) -> str:
