@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -88,7 +90,11 @@ def test_report_without_records_to_plot_is_refused(tmp_path, capsys, monkeypatch
 
 
 def test_the_installed_console_script_prints_one_line_too():
-    result = subprocess.run(["ftplan", "plan", "--model", "lama-3-8b", "--dataset-size", "10", "--gpu", "H200"],
+    """The script beside the running interpreter (its venv's bin/), found whether or not the venv is activated."""
+    script = Path(sys.executable).parent / "ftplan"
+    if not script.exists():
+        pytest.skip("ftplan is not installed in this interpreter's environment (run from a source checkout)")
+    result = subprocess.run([str(script), "plan", "--model", "lama-3-8b", "--dataset-size", "10", "--gpu", "H200"],
                             capture_output=True, text=True)
     _assert_one_line_error(result.returncode, result.stderr, "did you mean llama-3-8b")
 

@@ -113,3 +113,13 @@ def test_setups_that_differ_only_in_lora_targets_or_layout_read_differently():
     assert SetupPlan(attention_only, None).label.endswith("on q+k+v+o")
     assert "on " not in SetupPlan(attention_only.with_(lora_targets=Setting("x").lora_targets), None).label
     assert "2x8gpu" in Setting("llama-3-8b", gpus=8, nodes=2).label()  # nodes × GPUs, as the tables write it
+
+
+def test_a_length_past_the_models_context_is_warned_about(capsys, monkeypatch):
+    code, out, err = run_ftplan(["plan", "--model", "llama-3-8b", "--gpu", "H200", "--dataset-size", "1000",
+                                 "--lora", "--seq-len", "16384"], capsys, monkeypatch)
+    assert code == 0, err
+    assert "past llama-3-8b's context of 8,192" in out + err
+    code, out, err = run_ftplan(["plan", "--model", "llama-3-8b", "--gpu", "H200", "--dataset-size", "1000",
+                                 "--lora"], capsys, monkeypatch)
+    assert "context of" not in out + err

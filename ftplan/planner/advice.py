@@ -224,7 +224,18 @@ def warnings_for(plan: Plan) -> list[str]:
                      "itself (not modelled); "
                      + ("pass --host-memory-gib to check your hosts" if have is None
                         else f"your hosts have {have:g} GiB"))
-    return found
+    return found + _beyond_context(rec.setting)
+
+
+def _beyond_context(setting: Setting) -> list[str]:
+    """A planned length past the model's trained context: it plans, but the model was not trained to attend that
+    far, and with --dataset the length is the longest sample's unless --seq-len caps it."""
+    context = cached_architecture(setting.model).config.get("max_position_embeddings")
+    if not context or setting.seq_len <= context:
+        return []
+    return [f"the plan's sequence length, {setting.seq_len:,} tokens, is past {setting.model}'s context of "
+            f"{context:,} (max_position_embeddings): its memory and time are planned, but the model was not trained "
+            "that long; cap it with --seq-len (with --dataset too) or use a long-context variant"]
 
 
 def notes_for(plan: Plan) -> list[str]:

@@ -160,7 +160,7 @@ def _liger_lines(setting: Setting) -> list[str]:
         return []
     return ["", "Liger: training_args.json sets use_liger_kernel=True; outside the Trainer patch the model first:",
             "    from liger_kernel.transformers import AutoLigerKernelForCausalLM",
-            "    model = AutoLigerKernelForCausalLM.from_pretrained(MODEL)"]
+            "    model = prepare_model(AutoLigerKernelForCausalLM.from_pretrained(MODEL, **model_kwargs()))"]
 
 
 REHEARSE_LINES = ("", "Before the full run, on the GPU: `ftplan rehearse THIS_FOLDER` runs it unchanged for a few steps on the",

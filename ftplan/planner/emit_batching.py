@@ -105,11 +105,12 @@ def alloc_conf_lines(batch: PlannedBatch) -> list[str]:
 
 
 def _docstring_lines(packing: bool) -> list[str]:
-    """The emitted module's docstring: the two lines a train.py needs, so nobody must read the rest."""
+    """The emitted module's docstring: the lines a train.py needs, so nobody must read the rest."""
     return [
         '"""Written by `ftplan plan` (the plan is PLAN below); use it from a train.py:',
         "",
-        "    from training_args import training_arguments, data_collator",
+        "    from training_args import training_arguments, data_collator, model_kwargs, prepare_model",
+        "    model = prepare_model(AutoModelForCausalLM.from_pretrained(MODEL, **model_kwargs()))",
         *([("    trainer = SFTTrainer(model=model, args=training_arguments(), train_dataset=train, "
             "processing_class=tokenizer)")] if packing else
           ["    trainer = Trainer(model=model, args=training_arguments(), train_dataset=train,",

@@ -57,7 +57,9 @@ def _training(ctx: click.Context, choice: str, given: bool) -> None:
 @click.option("--dataset-size", type=int, default=None, help="Training samples per epoch (needed without --dataset).")
 @click.option("--epochs", type=FINITE_FLOAT, default=1.0, show_default=True,
               help="Passes over the dataset (fractions allowed).")
-@click.option("--seq-len", type=int, default=2048, show_default=True, help="Tokens per sample (padded).")
+@click.option("--seq-len", type=int, default=2048, show_default=True,
+              help="Tokens per sample (padded). With --dataset: the longest a sample may be (longer ones are "
+                   "truncated or dropped, --too-long); not given, the dataset's longest sample.")
 @gpu_options
 @click.option("--gpus", default="1", show_default=True,
               help="GPUs in all: a count (8), a list (1,2,4) or a doubling range (1..128); several counts add a "
