@@ -127,3 +127,9 @@ def test_a_gpu_spec_too_large_to_be_a_card_is_refused(tmp_path, capsys, monkeypa
     specs.write_text("name,memory_gib,bf16_dense_tflops,memory_bandwidth_gbs\nHUGE,1e308,100,1000\n")
     code, _out, err = run_ftplan([*_replace(PLAN, "--gpu", "HUGE"), "--gpu-specs", specs], capsys, monkeypatch)
     _assert_one_line_error(code, err, "above 1e+07")
+
+
+def test_dataset_batching_options_without_a_dataset_are_refused_not_ignored(capsys, monkeypatch):
+    code, _, err = run_ftplan(["plan", "--model", "llama-3-8b", "--gpu", "H200", "--dataset-size", "100",
+                               "--global-batch", "64"], capsys, monkeypatch)
+    _assert_one_line_error(code, err, "--global-batch need --dataset")

@@ -153,6 +153,10 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
         raise click.exceptions.Exit(EXIT_DOES_NOT_FIT)
 
 
+# Options that shape a dataset's batching: without --dataset there is nothing for them to act on.
+DATASET_ONLY = ("batching_strategy", "global_batch", "pack_length", "too_long")
+
+
 def _dataset_options(ctx: click.Context) -> DatasetOptions:
     """How the dataset is batched, after the checks of option combinations that click's own types cannot make."""
     params = ctx.params
@@ -161,6 +165,10 @@ def _dataset_options(ctx: click.Context) -> DatasetOptions:
     check_dataset_options(params)
     if params["dataset"] is not None and params["padding"] != "max_length":
         raise click.UsageError("--padding is for plans without --dataset; with one, --batching sets the padding")
+    given = [f"--{name.replace('_strategy', '').replace('_', '-')}" for name in DATASET_ONLY
+             if ctx.get_parameter_source(name) != ParameterSource.DEFAULT]
+    if params["dataset"] is None and given:
+        raise click.UsageError(f"{' and '.join(given)} need --dataset: without one every sample is padded to --seq-len")
     seq_len, strategy = params["seq_len"], params["batching_strategy"]
     seq_len_given = ctx.get_parameter_source("seq_len") != ParameterSource.DEFAULT
     return DatasetOptions(strategy, params["pack_length"] or (seq_len if strategy == "pack" else None),
