@@ -201,7 +201,8 @@ class BatchSearch:
     split that ran safely, bisects between the two. A safe run with room left raises it, when growing is
     allowed, to where the run's reserved memory, grown in proportion to the micro-batch, meets the budget: that
     over-counts the growth (the weights do not grow), so the next split is rarely over, and it is rehearsed
-    before it is kept. Planned batches were 80-89% of the largest safe one in six of nine H200 probes.
+    before it is kept. On the H200 the planned batches were 67-90% of the largest safe one in eight folders of
+    nine, and the search reached it in two or three runs (benchmarks/gpu/results/emitted_runs_grow_h200.jsonl).
     """
 
     def __init__(self, usable_bytes: int, lower: bool, grow: bool) -> None:
