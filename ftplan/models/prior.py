@@ -206,7 +206,9 @@ def packed_attention_extra(arch: Architecture, setting: Setting, batch: int) -> 
     position_ids): the masked kernel computes every query against every key of the flattened sequence, and each
     layer saves that mask for backward. Both grow with batch², so a packed micro-batch of k rows costs k times a
     padded one's attention and mask (checked on transformers 5.25: a (1, 1, 120, 120) bool mask for three packed
-    rows). Flash-attention 2 runs the rows as varlen sequences instead: nothing extra. Eager is not priced apart.
+    rows). On the H200 the memory packing added matched this to 1.5% at k = 2-8 on Qwen2.5-0.5B and Llama-3.2-1B
+    (benchmarks/gpu/packed_path.py). Flash-attention 2 runs the rows as varlen sequences instead: nothing extra.
+    Eager is not priced apart.
     """
     if setting.padding != "packed" or not setting.masked or setting.attention != "sdpa" or batch <= 1:
         return 0.0, 0.0
