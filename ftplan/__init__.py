@@ -3,6 +3,8 @@
     import ftplan
     result = ftplan.plan(model="llama-3-8b", dataset_size=19692, gpu="H200")
     ftplan.predict("llama-3-8b", 4, "H200", lora_rank=16)
+    ftplan.plan("llama-3.2-1b", gpu="H200", dataset="train.jsonl",
+                dataset_options=ftplan.DatasetOptions(strategy="pack", global_batch=64))
     trainer.add_callback(ftplan.FtplanCallback())   # needs the calibrate extra (transformers)
 
 Names load on first use: `import ftplan` pulls in neither pandas nor transformers.
@@ -10,7 +12,7 @@ Names load on first use: `import ftplan` pulls in neither pandas nor transformer
 
 from __future__ import annotations
 
-__all__ = ["FtplanCallback", "plan", "predict"]
+__all__ = ["DatasetOptions", "FtplanCallback", "plan", "predict"]
 
 
 def __getattr__(name: str):
@@ -18,8 +20,16 @@ def __getattr__(name: str):
         from ftplan.planner import api
 
         return getattr(api, name)
+    if name == "DatasetOptions":
+        from ftplan.planner.dataset_plan import DatasetOptions
+
+        return DatasetOptions
     if name == "FtplanCallback":
         from ftplan.calibration.callback import FtplanCallback
 
         return FtplanCallback
     raise AttributeError(f"module 'ftplan' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -35,3 +35,15 @@ def test_importing_ftplan_loads_nothing_heavy():
 
     code = "import sys, ftplan; print(sorted(m for m in ('pandas', 'torch', 'transformers') if m in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "[]"
+
+
+def test_a_dataset_plan_takes_its_batching_from_the_exported_options(tmp_path):
+    import ftplan
+
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_text("".join(json.dumps({"text": "word " * (20 + i % 50)}) + "\n" for i in range(200)))
+    result = ftplan.plan(model="llama-3.2-1b", gpu="H200", dataset=dataset, training="full",
+                         dataset_options=ftplan.DatasetOptions(strategy="pack", pack_length=256, global_batch=16))
+    data = result.to_dict()
+    assert "DatasetOptions" in dir(ftplan) and "plan" in dir(ftplan)
+    assert data["dataset"]["batching"] == "pack" and data["dataset"]["recommended"]["global_batch"] == 16
