@@ -68,6 +68,6 @@ def test_versions_that_differ_from_the_installed_ones_or_among_the_records_are_n
 def test_a_batch_that_leaves_only_a_few_optimizer_steps_is_said_and_a_long_run_is_not():
     few = api.plan("qwen2.5-0.5b", 300, "H200", training="full", padding="none")
     assert few.recommendation.eta.steps < 20
-    assert any(f"leaves {few.recommendation.eta.steps} optimizer steps" in line for line in few.headline)
+    assert any(f"makes {few.recommendation.eta.steps} optimizer steps" in line for line in few.headline)
     many = api.plan("qwen2.5-0.5b", 100_000, "H200", training="full", padding="none")
     assert not any("optimizer step" in line for line in many.headline)

@@ -149,9 +149,9 @@ def few_steps_lines(plan: Plan) -> list[str]:
     rec = plan.recommended
     if rec is None or rec.eta.steps >= FEW_OPTIMIZER_STEPS:
         return []
-    return [f"batch {rec.batch} per GPU leaves {rec.eta.steps} optimizer step{'s' if rec.eta.steps != 1 else ''} in "
-            "the whole run: the fastest batch is not always the one your recipe trains well with; the largest safe "
-            "batch is an upper limit (with --dataset, --global-batch N sets the samples per optimizer step)"]
+    return [f"the whole run makes {rec.eta.steps} optimizer step{'s' if rec.eta.steps != 1 else ''} (micro-batch "
+            f"{rec.batch} per GPU): the fastest batch is not always the one your recipe trains well with; the largest "
+            "safe batch is an upper limit, and with --dataset a smaller --global-batch N makes more steps"]
 
 
 def _minutes(low_seconds: float, high_seconds: float) -> str:
