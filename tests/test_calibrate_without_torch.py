@@ -35,3 +35,12 @@ def test_a_setting_whose_package_is_missing_is_skipped_before_it_runs(monkeypatc
     monkeypatch.setitem(sys.modules, "peft", None)
     assert "peft not installed" in launcher.setting_problem(Setting(model="tiny-llama", lora_rank=8), "cpu")
     assert launcher.setting_problem(Setting(model="tiny-llama"), "cpu") is None
+
+
+def test_rehearse_and_calibrate_on_a_gpu_without_torch_name_what_to_install(monkeypatch):
+    """cuda_problem asks a child interpreter; one without torch answers with a ModuleNotFoundError."""
+    import subprocess
+
+    failed = subprocess.CompletedProcess([], 1, b"", b"Traceback ...\nModuleNotFoundError: No module named 'torch'\n")
+    monkeypatch.setattr(launcher.subprocess, "run", lambda *args, **kwargs: failed)
+    assert "pip install 'ftplan[calibrate]'" in launcher.cuda_problem()

@@ -111,7 +111,11 @@ def cuda_problem() -> str | None:
         return "no CUDA GPU is visible here (torch.cuda.is_available() is False); use --device cpu"
     if result.returncode:
         lines = result.stderr.decode(errors="replace").strip().splitlines()
-        return f"cannot check for a CUDA GPU: {lines[-1] if lines else f'exit code {result.returncode}'}"
+        last = lines[-1] if lines else f"exit code {result.returncode}"
+        if "No module named 'torch'" in last:
+            return ("torch is not installed here: install the build for your platform, then "
+                    "pip install 'ftplan[calibrate]' (README: To calibrate your own machine)")
+        return f"cannot check for a CUDA GPU: {last}"
     return None
 
 
