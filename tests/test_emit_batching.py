@@ -177,3 +177,14 @@ def test_plan_cli_emits_the_dataset_plans_batch_and_says_how_to_use_it(tmp_path,
     assert kwargs["gradient_accumulation_steps"] == chosen["gradient_accumulation"]
     assert kwargs["train_sampling_strategy"] == "group_by_length"
     assert "from training_args import training_arguments, data_collator" in err
+
+
+def test_the_length_limit_is_applied_where_the_run_applies_it():
+    from ftplan.planner.emit_batching import PlannedBatch, length_limit_comment
+
+    def comment(strategy: str, too_long: str) -> str:
+        return " ".join(length_limit_comment(PlannedBatch(4, 1, strategy, 2048, 2048, too_long, True)))
+
+    assert "SFTConfig(max_length=2048) truncates" in comment("pack", "truncate")  # TRL's best-fit decreasing does
+    assert "truncation=True, max_length=2048" in comment("dynamic", "truncate")  # the collator never truncates
+    assert "train.filter" in comment("pack", "drop")

@@ -73,9 +73,12 @@ def collator_code(batch: PlannedBatch) -> tuple[str, str]:
 
 
 def length_limit_comment(batch: PlannedBatch) -> list[str]:
-    """How to apply the plan's length limit when tokenizing: the collator never truncates."""
+    """How to apply the plan's length limit when tokenizing: the collator never truncates (TRL's packing does)."""
     if batch.limit is None:
         return []
+    if batch.too_long == "truncate" and batch.strategy == "pack":
+        return [f"# SFTConfig(max_length={batch.limit}) truncates longer samples as it packs (best-fit decreasing), "
+                "as the plan did."]
     if batch.too_long == "truncate":
         return [f"# Tokenize with truncation=True, max_length={batch.limit}: the plan truncated longer samples."]
     return [(f"# Drop samples over {batch.limit} tokens, as the plan did: "
