@@ -66,7 +66,8 @@ SETTING_OPTIONS = (
                  help="PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True."),
     click.option("--padding", type=click.Choice(PADDINGS), default="max_length", show_default=True,
                  help="How the collator shapes batches: max_length/longest pad with a mask (SDPA's masked path), "
-                      "none is rows of exactly --seq-len with no mask, packed is flattened rows."),
+                      "none is rows of exactly --seq-len with no mask, packed is flattened rows. Every batch is "
+                      "priced at --seq-len: for a dataset's real lengths use `ftplan plan --dataset`."),
     click.option("--attention", type=click.Choice(ATTENTIONS), default="sdpa", show_default=True,
                  help="attn_implementation the model is loaded with."),
 )
