@@ -42,10 +42,11 @@ from ftplan.calibration.launcher import RankOutcome, TrialOutcome
 from ftplan.calibration.runner import measurements, pinned_machine_id
 from ftplan.calibration.trainer_setting import run_architecture, setting_fields
 from ftplan.core.errors import FtplanError
-from ftplan.core.hardware import find_gpu
+from ftplan.core.hardware import find_gpu, load_catalog
 from ftplan.core.paths import calibrations_dir
+from ftplan.evidence.inputs import load_evidence
 from ftplan.evidence.workspace import Workspace
-from ftplan.store.records import append_record, build_record, is_rehearsal, read_records
+from ftplan.store.records import append_record, build_record
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.bytes_per_param import same_state_optimizers
@@ -379,7 +380,7 @@ def _predict(setting: Setting, micro_batch: int, gpu: str, out: Path, machine_id
         sources = [p for p in (calibrations_dir(), out) if p.exists()]
         if gpu != "cpu":  # the Workspace `ftplan plan` opens: the same records, links and fit, rehearsals left out
             return Workspace.open(gpu, sources).predict(setting, micro_batch)
-        records = [r for r in read_records(sources) if not is_rehearsal(r)]
+        records = load_evidence(sources, load_catalog()).records  # the same reading, rehearsals left out
         own = [r for r in records if r.get("device") == "cpu" and r.get("machine_id") == machine_id]
         fits = FitSet(tuple(fit_groups(own)))
         same_state = [setting.with_(optimizer=o) for o in same_state_optimizers(setting.optimizer)]  # AdamW variants

@@ -12,6 +12,7 @@ import json
 import math
 import warnings
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -212,14 +213,20 @@ class SettingFit:
         whose small batches are launch-bound shows too shallow a slope (Phi-3-mini LoRA + Liger, 1, 2, 4: its
         batch 16 ran 12% over the line, and 6% over the curve's own bound)."""
         estimate = self.time.predict(batch, seq_len)
+        if self._top_timed_step is None or batch * seq_len <= self._top_timed_step[0]:
+            return estimate
+        tokens, seconds = self._top_timed_step
+        return replace(estimate, upper=max(estimate.upper, seconds * batch * seq_len / tokens))
+
+    @cached_property
+    def _top_timed_step(self) -> tuple[int, float] | None:
+        """(tokens, seconds) of the timed step with the most tokens; found once, since a plan asks for hundreds
+        of step times."""
         timed = [r for r in self.records if r["status"] == "ok" and r.get("seconds_per_step")]
         if not timed:
-            return estimate
+            return None
         top = max(timed, key=lambda r: r["micro_batch"] * r["seq_len"])
-        tokens, top_tokens = batch * seq_len, top["micro_batch"] * top["seq_len"]
-        if tokens <= top_tokens:
-            return estimate
-        return replace(estimate, upper=max(estimate.upper, float(top["seconds_per_step"]) * tokens / top_tokens))
+        return top["micro_batch"] * top["seq_len"], float(top["seconds_per_step"])
 
     def calibrated_batches(self, seq_len: int) -> list[int]:
         return sorted({r["micro_batch"] for r in self.records if r["status"] == "ok" and r["seq_len"] == seq_len})

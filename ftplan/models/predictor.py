@@ -39,10 +39,12 @@ from ftplan.models.prediction import (
     Prediction,
 )
 from ftplan.models.prior import (
+    LORA_LIGER_COLUMN,
     PriorConstants,
     PriorEstimate,
     fit_constants,
     prior_estimate,
+    sample_scale_column,
 )
 
 DEFAULT_INTER_NODE_LINK = "cloud"
@@ -310,7 +312,7 @@ def fit_all_constants(records: list[dict], catalog: dict[str, GpuSpec]) -> dict[
         own = fit_constants(mine, catalog, f"{model} calibrations", every.masked_attention_cost)
         if not any(r.get("liger") for r in mine):
             own = replace(own, liger_sample_scale=every.liger_sample_scale)
-        if not any(r.get("liger") and r.get("lora_rank") and not r.get("quantization") for r in mine):
+        if not any(sample_scale_column(Setting.from_dict(r)) == LORA_LIGER_COLUMN for r in mine):
             own = replace(own, lora_liger_sample_scale=every.lora_liger_sample_scale)
         if own.n_records:
             constants[model] = replace(own, memory_margin=max(own.memory_margin, every.memory_margin),

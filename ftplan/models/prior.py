@@ -218,6 +218,11 @@ def packed_attention_extra(arch: Architecture, setting: Setting, batch: int) -> 
     return float(mask), masked_attention_flops(arch, setting) * pairs
 
 
+def masked_path_seconds(cost: float, terms: SettingTerms, gpu: GpuSpec) -> float:
+    """The masked attention path's extra seconds per sample, at `cost` extra seconds per second of its FLOPs at peak."""
+    return cost * terms.masked_attention_flops / (gpu.bf16_dense_tflops * 1e12)
+
+
 @dataclass(frozen=True)
 class ComputeRate:
     """What one more sample costs a compute-bound step: matmul FLOPs at an achieved share (MFU) of the
@@ -241,7 +246,7 @@ class ComputeRate:
 
     def masked_seconds(self, terms: SettingTerms, gpu: GpuSpec) -> float:
         """The masked attention path's extra seconds per sample."""
-        return self.masked_attention_cost * terms.masked_attention_flops / (gpu.bf16_dense_tflops * 1e12)
+        return masked_path_seconds(self.masked_attention_cost, terms, gpu)
 
     def packed_seconds(self, flops: float, gpu: GpuSpec) -> float:
         """Seconds of masked attention FLOPs that packing adds (packed_attention_extra): the FLOPs at the MFU
@@ -306,12 +311,12 @@ def fit_compute_rate(slopes: list[LadderSlope], masked_attention_cost: float = 0
     slopes = [s for s in slopes if s.seconds_per_sample > 0]
     if not slopes:
         return None
-    masked = ComputeRate(1.0, 0.0, 0, masked_attention_cost)
     flop_seconds = np.array([setting_terms(s.arch, s.setting).flops_per_sample / (s.gpu.bf16_dense_tflops * 1e12)
                              for s in slopes])
     logit_seconds = np.array([logit_elements_per_sample(s.arch, s.setting) / (s.gpu.memory_bandwidth_gbs * 1e9)
                               for s in slopes])
-    measured = np.array([s.seconds_per_sample - masked.masked_seconds(setting_terms(s.arch, s.setting), s.gpu)
+    measured = np.array([s.seconds_per_sample - masked_path_seconds(masked_attention_cost,
+                                                                     setting_terms(s.arch, s.setting), s.gpu)
                          for s in slopes])
     if len(slopes) >= MIN_LADDERS_FOR_LOSS_TRAFFIC and logit_seconds.any() and not logit_seconds.all():
         weight = 1 / measured
@@ -341,13 +346,14 @@ def fit_masked_attention_cost(records: Iterable[dict]) -> float:
     the same rows unpadded at batch 4 and more, about three times its attention FLOPs' time at the MFU: the
     kernel that takes a mask is far slower than flash attention on the same products.
     """
-    plain, masked = {}, []
+    plain, masked, gpus = {}, [], {}
     for record in records:
         if record.get("status") != "ok" or not record.get("seconds_per_step") or record.get("device", "cuda") != "cuda":
             continue
         try:
             setting = Setting.from_dict(record)
-            arch, gpu = cached_architecture(setting.model), find_gpu(str(record.get("gpu_name")))
+            name = str(record.get("gpu_name"))
+            arch, gpu = cached_architecture(setting.model), gpus.get(name) or gpus.setdefault(name, find_gpu(name))
         except FtplanError:
             continue
         key = (setting.with_(padding="none"), int(record["micro_batch"]), gpu.name)
@@ -435,7 +441,7 @@ class PriorConstants:
     n_records: int = 0
 
     def sample_scales(self) -> tuple[float, float, float]:
-        """The per-sample scales by _sample_column: without Liger, with Liger, with Liger on a LoRA base."""
+        """The per-sample scales by sample_scale_column: without Liger, with Liger, with Liger on a LoRA base."""
         return self.sample_scale, self.liger_sample_scale, self.lora_liger_sample_scale
 
     def fragmentation_of(self, setting: Setting) -> tuple[float, float, float]:
@@ -464,7 +470,7 @@ def prior_estimate(arch: Architecture, setting: Setting, batch: int, gpu: GpuSpe
 
     Compute is a per-step overhead (launches, Trainer bookkeeping) plus batch × the compute rate's
     seconds per sample (FLOPs at the MFU, and the unfused loss's memory traffic)."""
-    sample_scale = constants.sample_scales()[_sample_column(setting)]
+    sample_scale = constants.sample_scales()[sample_scale_column(setting)]
     packed_bytes, packed_flops = packed_attention_extra(arch, setting, batch)
     allocated = setting_terms(arch, setting).memory.peak(batch, constants.static_scale, sample_scale) + packed_bytes
     rate = ComputeRate(constants.mfu, constants.loss_bytes_per_logit, 0, constants.masked_attention_cost)
@@ -517,11 +523,12 @@ def fit_constants(records: Iterable[dict], catalog: dict[str, GpuSpec] | None = 
         return PriorConstants()
     terms = [setting_terms(o.arch, o.setting).memory for o in observations]
     features = np.array([t.features(o.batch) for t, o in zip(terms, observations)])
-    columns = np.array([_sample_column(o.setting) for o in observations])
-    features = np.column_stack([features[:, 0], *(features[:, 1] * (columns == c) for c in range(3))])
+    columns = np.array([sample_scale_column(o.setting) for o in observations])
+    features = np.column_stack([features[:, 0], *(features[:, 1] * (columns == c)
+                                                  for c in (PLAIN_COLUMN, LIGER_COLUMN, LORA_LIGER_COLUMN))])
     measured = np.array([o.allocated for o in observations])
     static_scale, sample_scale, liger_sample_scale, lora_liger_sample_scale = _memory_scales(features, measured)
-    if not (columns == 2).any():  # no Liger on a LoRA base measured: Liger's other scale is the nearest evidence
+    if not (columns == LORA_LIGER_COLUMN).any():  # no Liger on a LoRA base measured: Liger's other scale is the nearest evidence
         lora_liger_sample_scale = liger_sample_scale
     predicted = _left_out_predictions(terms, observations, features, measured)
     memory_margin = _upper_margin(measured / predicted - 1, DEFAULT_MEMORY_MARGIN)
@@ -575,17 +582,20 @@ def _left_out_predictions(terms: list[MemoryTerms], observations: list[_Observat
         held = np.array([k == key for k in keys])
         scales = _memory_scales(features[~held], measured[~held]) if (~held).sum() >= MIN_RECORDS_TO_FIT else (1.0,) * 4
         for index in np.flatnonzero(held):
-            sample = scales[1 + _sample_column(observations[index].setting)]
+            sample = scales[1 + sample_scale_column(observations[index].setting)]
             predicted[index] = terms[index].peak(observations[index].batch, scales[0], sample)
     return predicted
 
 
-def _sample_column(setting: Setting) -> int:
-    """Which per-sample scale a setting takes: 0 without Liger, 1 with Liger, 2 with Liger on a LoRA base
-    (QLoRA's fp32 stream counts as a full fine-tune's)."""
+PLAIN_COLUMN, LIGER_COLUMN, LORA_LIGER_COLUMN = 0, 1, 2  # PriorConstants.sample_scales() in this order
+
+
+def sample_scale_column(setting: Setting) -> int:
+    """Which per-sample scale a setting takes: without Liger, with Liger, with Liger on a LoRA base (QLoRA's
+    fp32 stream counts as a full fine-tune's)."""
     if not setting.liger:
-        return 0
-    return 2 if setting.lora_rank and not setting.quantization else 1
+        return PLAIN_COLUMN
+    return LORA_LIGER_COLUMN if setting.lora_rank and not setting.quantization else LIGER_COLUMN
 
 
 def _all_ladder_slopes(records: list[dict]) -> list[LadderSlope]:

@@ -25,6 +25,7 @@ from ftplan.models.batching import (
     LimitedLengths,
     apply_limit,
     batching,
+    fastest_batch,
     saturating_batch,
     split_global_batch,
 )
@@ -100,9 +101,6 @@ class DatasetPlan:
 
 
 # The collator each batching strategy emits, as the recipe's padding (ftplan.core.recipe).
-# A smaller micro-batch replaces the largest fitting one only when it is faster by more than this share: the fits'
-# small wiggles would otherwise trade memory headroom for nothing.
-FASTER_BY = 0.02
 STRATEGY_PADDING = {"pad": "max_length", "dynamic": "longest", "group": "longest", "pack": "packed"}
 
 
@@ -182,16 +180,8 @@ class _SetupTimer:
             micro, accumulation = split_global_batch(self.options.global_batch, setting.world_size, largest,
                                                      rows_per_second)
             return micro, accumulation, None
-        micro = largest if self.options.strategy == "pad" else self._fastest(largest, rows_per_second)
+        micro = largest if self.options.strategy == "pad" else fastest_batch(largest, rows_per_second)
         return micro, 1, saturating_batch(micro, rows_per_second)
-
-    @staticmethod
-    def _fastest(largest: int, rows_per_second) -> int:
-        """The largest fitting batch, unless a smaller one is clearly faster: a packed micro-batch's attention grows
-        with its square (prior.py), and a dynamically padded one pads to its longest sample, so on a long tail more
-        rows can mean more padding than work (Llama-3.2-1B on 500 source files: batch 1 ran 31% faster than 2)."""
-        best = max(range(1, largest + 1), key=lambda batch: (rows_per_second(batch), batch))
-        return largest if rows_per_second(largest) >= (1 - FASTER_BY) * rows_per_second(best) else best
 
     def time(self, setup: SetupPlan) -> tuple[SetupPlan, SetupBatching]:
         """The setup with its ETA from real rows and tokens, and the batching that ETA assumes."""

@@ -180,7 +180,8 @@ def can_grow(numbers: dict) -> bool:
     --global-batch asked), accumulates nothing and ran the largest batch it found safe: then its aim is the largest
     safe micro-batch. Not where a smaller one was faster (dynamic padding on a long tail), nor with packing, whose
     attention grows with the square."""
-    return (numbers["accumulation"] == 1 and numbers.get("global_batch_asked", 0) is None
+    asked = numbers.get("global_batch_asked", "unknown")  # a folder emitted before the key: treated as asked
+    return (numbers["accumulation"] == 1 and asked is None
             and numbers.get("largest_fitting") == numbers["micro_batch"] and numbers["strategy"] != "pack")
 
 
