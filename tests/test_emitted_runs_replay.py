@@ -46,3 +46,47 @@ def test_every_planned_batch_ran_within_the_predicted_reserved_bound():
     assert len(planned) >= 25
     for (name, _, upper), run in planned.items():
         assert run["status"] == "ok" and run["peak_reserved_bytes"] <= upper, name
+
+
+def _largest_safe_measured() -> dict[str, tuple[dict, int]]:
+    """Per folder rehearse grew (2026-12-04): its plan and the largest batch that ran within the plan's usable memory."""
+    grown: dict[str, tuple[dict, int]] = {}
+    for run, plan in RUNS:
+        if plan["rehearsals"] and "@" not in run["emit_dir"] and run["status"] == "ok" \
+                and run["peak_reserved_bytes"] <= plan["usable_bytes"]:
+            _, largest = grown.get(run["emit_dir"], (plan, 0))
+            grown[run["emit_dir"]] = (plan, max(largest, run["micro_batch"]))
+    return grown
+
+
+def test_calibrated_plans_reach_the_largest_batch_that_runs():
+    """Issue 24's target, where the setup was calibrated (with or without the padding mask): today's largest safe
+    batch ran safely and is at least 90% of the largest that ran, or one batch short of it."""
+    from ftplan.core.settings import Setting
+    from ftplan.evidence.workspace import Workspace
+    from ftplan.planner.search import safe_prediction
+
+    workspace = Workspace.open("H200")
+    checked = 0
+    for name, (plan, largest) in _largest_safe_measured().items():
+        setting = Setting.from_dict(plan["setting"])
+        planned = safe_prediction(lambda batch: workspace.predict(setting, batch), workspace.budget())
+        if planned.source == "prior":
+            continue
+        checked += 1
+        assert planned.micro_batch <= largest, name
+        assert planned.micro_batch >= min(0.9 * largest, largest - 1), (name, planned.micro_batch, largest)
+    assert checked >= 7
+
+
+def test_the_bound_of_a_padding_relative_covers_the_priors_error_on_the_mask_twice():
+    """A plan from a calibration without the mask adds PADDING_CHANGE_MARGIN of the prior's attention-path change
+    to its bound: at least twice the prior's largest error on the masked excess over the shipped pairs."""
+    from benchmarks.gpu.mask_path import excess_error, masked_pairs
+    from ftplan.core.paths import calibrations_dir
+    from ftplan.models.predictor import PADDING_CHANGE_MARGIN
+    from ftplan.store.records import read_records
+
+    pairs = masked_pairs(read_records(sorted(calibrations_dir().glob("*.jsonl"))))
+    assert len(pairs) >= 10 and len({masked["model"] for _, masked in pairs}) >= 3
+    assert max(abs(excess_error(*pair)) for pair in pairs) * 2 <= PADDING_CHANGE_MARGIN
