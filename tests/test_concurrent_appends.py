@@ -70,3 +70,38 @@ def _is_json(line: str) -> bool:
     except json.JSONDecodeError:
         return False
     return True
+
+
+def test_a_writer_opening_a_new_file_while_another_writes_its_first_line_waits_for_it(tmp_path):
+    """The first line half-written (its writer holds the lock) is no record yet: the check that the file holds
+    records waits for the line instead of refusing the file (a calibration failed so with its peers starting)."""
+    import fcntl
+    import os
+    import threading
+    import time
+
+    from ftplan.core.settings import Setting
+    from ftplan.store.records import append_record, build_record
+
+    out = tmp_path / "c.jsonl"
+    line = (json.dumps(build_record(Setting("tiny-llama", seq_len=64), 1, "ok", source="calibrate")) + "\n").encode()
+    fd = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, line[: len(line) // 2])
+    failures = []
+
+    def second_writer() -> None:
+        try:
+            append_record(out, build_record(Setting("tiny-llama", seq_len=64), 2, "ok", source="calibrate"))
+        except Exception as exc:  # noqa: BLE001 - the test reports whatever the writer raised
+            failures.append(exc)
+
+    writer = threading.Thread(target=second_writer)
+    writer.start()
+    time.sleep(0.3)
+    os.write(fd, line[len(line) // 2:])
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+    writer.join(timeout=30)
+    assert failures == []
+    assert [r["micro_batch"] for r in read_records([out])] == [1, 2]

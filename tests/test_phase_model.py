@@ -88,3 +88,20 @@ def test_other_gpu_plans_never_oom(modes):
     # plans it; its bound is sized by its errors on settings left out, a one-GPU ZeRO-3 ladder among them
     # (without that ladder it planned 13)
     assert modes["other GPU"]["summary"]["unsafe"] == 0
+
+
+def test_the_count_is_the_per_sample_slope_of_every_h200_ladder(shipped):
+    """The last step of every shipped H200 ladder of three or more batches (full, LoRA, Liger, QLoRA, ZeRO-2
+    offload, checkpointing, padded) grows by the prior's count of a sample's activations, unscaled, to 3%."""
+    checked = 0
+    for group in group_records([r for r in shipped if r["status"] == "ok"]):
+        for seq in {r["seq_len"] for r in group}:
+            ladder = sorted((r for r in group if r["seq_len"] == seq), key=lambda r: r["micro_batch"])
+            if len(ladder) < 3:
+                continue
+            (low, high), setting = ladder[-2:], Setting.from_dict(ladder[-1])
+            slope = (high["peak_allocated_bytes"] - low["peak_allocated_bytes"]) / (high["micro_batch"] - low["micro_batch"])
+            count = memory_terms(cached_architecture(setting.model), setting).per_sample
+            assert slope == pytest.approx(count, rel=0.03), setting.label()
+            checked += 1
+    assert checked >= 25

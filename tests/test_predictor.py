@@ -139,17 +139,3 @@ def test_an_optimizer_variant_at_a_measured_batch_is_interpolated_with_a_bound_t
     assert saving >= 0
     assert fused.peak_allocated.upper == pytest.approx(calibrated.peak_allocated.upper)
     assert predictor.predict(CALIBRATED.with_(optimizer="adamw_torch_fused"), 64, H200).source == SOURCE_EXTRAPOLATED
-
-
-def test_a_model_without_liger_records_takes_the_liger_scale_learned_from_all_records():
-    """Its own fit cannot see the Liger term (1.0); Llama-3-8B LoRA + Liger, planned from the prior with its
-    Liger records left out, came one batch above the largest that ran (benchmarks/modes.py, prior only)."""
-    from ftplan.core.hardware import load_catalog
-    from ftplan.core.paths import calibrations_dir
-    from ftplan.models.predictor import ALL_MODELS, fit_all_constants
-    from ftplan.store.records import read_records
-
-    records = [r for r in read_records([calibrations_dir()]) if not (r["model"] == "llama-3-8b" and r["liger"])]
-    assert any(r["liger"] for r in records) and any(r["model"] == "llama-3-8b" for r in records)
-    constants = fit_all_constants(records, load_catalog())
-    assert constants["llama-3-8b"].liger_sample_scale == constants[ALL_MODELS].liger_sample_scale != 1.0

@@ -28,6 +28,7 @@ class Family:
     qkv_bias: bool = False               # q, k, v always biased (Qwen2); Qwen2-MoE reads `qkv_bias`
     qk_norm: str = ""
     norms_per_layer: int = 2             # Gemma 2/3: pre and post norms around attention and MLP
+    fp32_norm_weight: bool = False       # Gemma 2/3, OLMo 2: the norm's weight multiplies in fp32, then casts
     moe: str = ""
     expert_width_key: str = "intermediate_size"
     shared_expert: bool = False          # Qwen2-MoE: one always-on MLP and its sigmoid gate
@@ -44,12 +45,12 @@ FAMILIES: dict[str, Family] = {
     "qwen2": Family(qkv_bias=True, defaults=_LLAMA_DEFAULTS),
     "qwen3": Family(attention_bias_key=True, qk_norm="head",
                     defaults={"tie_word_embeddings": False, "head_dim": 128}),
-    "gemma2": Family(attention_bias_key=True, norms_per_layer=4,
+    "gemma2": Family(attention_bias_key=True, norms_per_layer=4, fp32_norm_weight=True,
                      defaults={"tie_word_embeddings": True, "head_dim": 256}),
-    "gemma3_text": Family(attention_bias_key=True, qk_norm="head", norms_per_layer=4,
+    "gemma3_text": Family(attention_bias_key=True, qk_norm="head", norms_per_layer=4, fp32_norm_weight=True,
                           defaults={"tie_word_embeddings": True, "head_dim": 256}),
     "phi3": Family(fused_projections=True, defaults=_LLAMA_DEFAULTS),
-    "olmo2": Family(attention_bias_key=True, qk_norm="full", defaults=_LLAMA_DEFAULTS),
+    "olmo2": Family(attention_bias_key=True, qk_norm="full", fp32_norm_weight=True, defaults=_LLAMA_DEFAULTS),
     "mixtral": Family(moe="experts", peft_adapts_experts=True, defaults={"tie_word_embeddings": False,
                                                 "num_local_experts": 8, "num_experts_per_tok": 2}),
     "olmoe": Family(attention_bias_key=True, qk_norm="full", moe="experts", peft_adapts_experts=True,

@@ -39,12 +39,10 @@ from ftplan.models.prediction import (
     Prediction,
 )
 from ftplan.models.prior import (
-    LORA_LIGER_COLUMN,
     PriorConstants,
     PriorEstimate,
     fit_constants,
     prior_estimate,
-    sample_scale_column,
 )
 
 DEFAULT_INTER_NODE_LINK = "cloud"
@@ -310,9 +308,7 @@ def fit_all_constants(records: list[dict], catalog: dict[str, GpuSpec]) -> dict[
 
     A model's scales come from its own records; its margins are never narrower than the prior's error
     on a setting left out of all records (a model's few settings understate what an unseen one misses).
-    Liger's per-sample scale comes from all records when the model has none with Liger: its own fit cannot
-    see the term and left it at 1.0, 7% under the pooled 1.079, and Llama-3-8B LoRA + Liger, planned from the
-    prior, was planned one batch above the largest that ran. The masked attention path's cost is pooled too:
+    The masked attention path's cost is pooled:
     it is the kernel's, and few models have the padded and unpadded pairs that measure it.
     """
     ok = [r for r in records if r.get("status") in ("ok", "oom")]
@@ -321,10 +317,6 @@ def fit_all_constants(records: list[dict], catalog: dict[str, GpuSpec]) -> dict[
     for model in sorted({str(r.get("model")) for r in ok}):
         mine = [r for r in ok if r.get("model") == model]
         own = fit_constants(mine, catalog, f"{model} calibrations", every.masked_attention_cost)
-        if not any(r.get("liger") for r in mine):
-            own = replace(own, liger_sample_scale=every.liger_sample_scale)
-        if not any(sample_scale_column(Setting.from_dict(r)) == LORA_LIGER_COLUMN for r in mine):
-            own = replace(own, lora_liger_sample_scale=every.lora_liger_sample_scale)
         if own.n_records:
             constants[model] = replace(own, memory_margin=max(own.memory_margin, every.memory_margin),
                                        reserved_margin=max(own.reserved_margin, every.reserved_margin),

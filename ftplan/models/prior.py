@@ -414,12 +414,9 @@ class PriorConstants:
     """The prior's free constants; `scope` says which calibrations they were learned from."""
 
     static_scale: float = 1.0
+    # One per-sample scale for every setting: the count is what autograd saves (models/activations.py), within 2%
+    # of every H200 ladder's slope, Liger and LoRA alike; it used to take three (Liger 1.08, Liger on LoRA 1.25).
     sample_scale: float = 1.0
-    liger_sample_scale: float = 1.0  # Liger's saved tensors are counted apart: measured 12-15% above the count
-    # Liger on a (half-precision) LoRA base: the H200 ladders of Llama-3-8B, Phi-3-mini and Qwen3-8B LoRA + Liger
-    # each hold 1.21-1.27 times the count a sample; the full fine-tunes' Liger scale (1.08) left the prior 6-12%
-    # under on them and on Gemma-2-2B. The bf16-pure full fine-tunes (a half stream too) stay with the latter.
-    lora_liger_sample_scale: float = 1.0
     fragmentation: float = DEFAULT_FRAGMENTATION
     mfu: float = DEFAULT_MFU
     loss_bytes_per_logit: float = DEFAULT_LOSS_BYTES_PER_LOGIT
@@ -432,17 +429,16 @@ class PriorConstants:
     # at the largest batches with checkpointing (Phi-3-mini LoRA, Llama-3.2-3B + Liger), at most 1.11 without.
     # Without checkpointing the margin (its errors' 95% quantile, 0.29, set by small batches) covers every
     # record near capacity (at most 0.15 off); with it, it did not (Phi-3-mini left out: 0.15 against 0.23),
-    # so the checkpointed bound also takes the worst ratio seen near capacity.
+    # so the checkpointed bound also takes the worst ratio seen near capacity, and its margin covers every
+    # checkpointed record (the largest error, not the 95% quantile): the default allocator's stranded recompute
+    # blocks are a heavy tail of few settings, and once the activation count was exact (its errors no longer
+    # padding the allocated bound) the quantile left Phi-3-mini's batch 84, with Phi-3 left out, 1% above it.
     checkpointed_fragmentation: float = DEFAULT_FRAGMENTATION
     checkpointed_reserved_margin: float = DEFAULT_RESERVED_MARGIN
     checkpointed_worst_fragmentation: float = DEFAULT_FRAGMENTATION
     time_margin: float = DEFAULT_TIME_MARGIN
     scope: str = "documented defaults (no calibration)"
     n_records: int = 0
-
-    def sample_scales(self) -> tuple[float, float, float]:
-        """The per-sample scales by sample_scale_column: without Liger, with Liger, with Liger on a LoRA base."""
-        return self.sample_scale, self.liger_sample_scale, self.lora_liger_sample_scale
 
     def fragmentation_of(self, setting: Setting) -> tuple[float, float, float]:
         """(median reserved/allocated ratio, its relative upper margin, the ratio the allocated bound is taken
@@ -470,9 +466,8 @@ def prior_estimate(arch: Architecture, setting: Setting, batch: int, gpu: GpuSpe
 
     Compute is a per-step overhead (launches, Trainer bookkeeping) plus batch × the compute rate's
     seconds per sample (FLOPs at the MFU, and the unfused loss's memory traffic)."""
-    sample_scale = constants.sample_scales()[sample_scale_column(setting)]
     packed_bytes, packed_flops = packed_attention_extra(arch, setting, batch)
-    allocated = setting_terms(arch, setting).memory.peak(batch, constants.static_scale, sample_scale) + packed_bytes
+    allocated = setting_terms(arch, setting).memory.peak(batch, constants.static_scale, constants.sample_scale) + packed_bytes
     rate = ComputeRate(constants.mfu, constants.loss_bytes_per_logit, 0, constants.masked_attention_cost)
     compute = (constants.step_overhead_seconds + batch * rate.seconds_per_sample(arch, setting, gpu)
                + rate.packed_seconds(packed_flops, gpu))
@@ -523,13 +518,8 @@ def fit_constants(records: Iterable[dict], catalog: dict[str, GpuSpec] | None = 
         return PriorConstants()
     terms = [setting_terms(o.arch, o.setting).memory for o in observations]
     features = np.array([t.features(o.batch) for t, o in zip(terms, observations)])
-    columns = np.array([sample_scale_column(o.setting) for o in observations])
-    features = np.column_stack([features[:, 0], *(features[:, 1] * (columns == c)
-                                                  for c in (PLAIN_COLUMN, LIGER_COLUMN, LORA_LIGER_COLUMN))])
     measured = np.array([o.allocated for o in observations])
-    static_scale, sample_scale, liger_sample_scale, lora_liger_sample_scale = _memory_scales(features, measured)
-    if not (columns == LORA_LIGER_COLUMN).any():  # no Liger on a LoRA base measured: Liger's other scale is the nearest evidence
-        lora_liger_sample_scale = liger_sample_scale
+    static_scale, sample_scale = _memory_scales(features, measured)
     predicted = _left_out_predictions(terms, observations, features, measured)
     memory_margin = _upper_margin(measured / predicted - 1, DEFAULT_MEMORY_MARGIN)
 
@@ -540,13 +530,11 @@ def fit_constants(records: Iterable[dict], catalog: dict[str, GpuSpec] | None = 
     fragmentation, reserved_margin, _ = _fragmentation(
         reserved, measured, predicted, (reserved > 0) & ~checkpointed, near_capacity, pooled)
     checkpointed_fragmentation, checkpointed_reserved_margin, checkpointed_worst_fragmentation = _fragmentation(
-        reserved, measured, predicted, (reserved > 0) & checkpointed, near_capacity, pooled)
+        reserved, measured, predicted, (reserved > 0) & checkpointed, near_capacity, pooled, quantile=1.0)
 
     time = _time_constants([o for o in observations if o.seconds], _all_ladder_slopes(records),
                            fit_masked_attention_cost(records) if masked_attention_cost is None else masked_attention_cost)
-    return PriorConstants(static_scale=static_scale, sample_scale=sample_scale,
-                          liger_sample_scale=liger_sample_scale,
-                          lora_liger_sample_scale=lora_liger_sample_scale, fragmentation=fragmentation,
+    return PriorConstants(static_scale=static_scale, sample_scale=sample_scale, fragmentation=fragmentation,
                           memory_margin=memory_margin, reserved_margin=reserved_margin,
                           checkpointed_fragmentation=checkpointed_fragmentation,
                           checkpointed_reserved_margin=checkpointed_reserved_margin,
@@ -556,7 +544,8 @@ def fit_constants(records: Iterable[dict], catalog: dict[str, GpuSpec] | None = 
 
 def _fragmentation(reserved: np.ndarray, allocated: np.ndarray, predicted: np.ndarray, chosen: np.ndarray,
                    near_capacity: np.ndarray, fallback: tuple[float, float, float] = (
-                       DEFAULT_FRAGMENTATION, DEFAULT_RESERVED_MARGIN, DEFAULT_FRAGMENTATION)) -> tuple[float, float, float]:
+                       DEFAULT_FRAGMENTATION, DEFAULT_RESERVED_MARGIN, DEFAULT_FRAGMENTATION),
+                   quantile: float = UPPER_QUANTILE) -> tuple[float, float, float]:
     """The chosen records' median reserved/allocated ratio; the margin covering their reserved memory over the
     left-out allocated prediction times that ratio; the largest ratio of those near the card's capacity, where
     the safe batch is decided. The fallback when too few records were chosen."""
@@ -568,7 +557,7 @@ def _fragmentation(reserved: np.ndarray, allocated: np.ndarray, predicted: np.nd
     # checkpointing, median): with Phi-3-mini left out the H200's checkpointed records near capacity reach 1.27,
     # and its own batch 84 ran at 1.32
     worst = float(np.max(ratios[near_capacity[chosen]], initial=fallback[2]))
-    return ratio, _upper_margin(reserved[chosen] / (predicted[chosen] * ratio) - 1, fallback[1]), worst
+    return ratio, _upper_margin(reserved[chosen] / (predicted[chosen] * ratio) - 1, fallback[1], quantile), worst
 
 
 def _left_out_predictions(terms: list[MemoryTerms], observations: list[_Observation], features: np.ndarray,
@@ -580,22 +569,10 @@ def _left_out_predictions(terms: list[MemoryTerms], observations: list[_Observat
     predicted = np.empty(len(observations))
     for key in set(keys):
         held = np.array([k == key for k in keys])
-        scales = _memory_scales(features[~held], measured[~held]) if (~held).sum() >= MIN_RECORDS_TO_FIT else (1.0,) * 4
+        scales = _memory_scales(features[~held], measured[~held]) if (~held).sum() >= MIN_RECORDS_TO_FIT else (1.0, 1.0)
         for index in np.flatnonzero(held):
-            sample = scales[1 + sample_scale_column(observations[index].setting)]
-            predicted[index] = terms[index].peak(observations[index].batch, scales[0], sample)
+            predicted[index] = terms[index].peak(observations[index].batch, *scales)
     return predicted
-
-
-PLAIN_COLUMN, LIGER_COLUMN, LORA_LIGER_COLUMN = 0, 1, 2  # PriorConstants.sample_scales() in this order
-
-
-def sample_scale_column(setting: Setting) -> int:
-    """Which per-sample scale a setting takes: without Liger, with Liger, with Liger on a LoRA base (QLoRA's
-    fp32 stream counts as a full fine-tune's)."""
-    if not setting.liger:
-        return PLAIN_COLUMN
-    return LORA_LIGER_COLUMN if setting.lora_rank and not setting.quantization else LIGER_COLUMN
 
 
 def _all_ladder_slopes(records: list[dict]) -> list[LadderSlope]:
@@ -607,9 +584,8 @@ def _all_ladder_slopes(records: list[dict]) -> list[LadderSlope]:
     return [slope for ladder in ladders.values() for slope in ladder_slopes(ladder)]
 
 
-def _memory_scales(features: np.ndarray, measured: np.ndarray) -> tuple[float, ...]:
-    """Non-negative scales (static, then each per-sample term) minimising the squared error; 1.0 for a
-    term the data cannot see."""
+def _memory_scales(features: np.ndarray, measured: np.ndarray) -> tuple[float, float]:
+    """Non-negative (static, per-sample) scales minimising the squared error; 1.0 for a term the data cannot see."""
     seen = features[:, 1:].any(axis=0)
     if not seen.any():
         return (float(np.median(measured / features[:, 0])),) + (1.0,) * len(seen)
@@ -649,8 +625,8 @@ def _time_constants(observations: list[_Observation], slopes: list[LadderSlope],
     return {**time, "time_margin": _upper_margin(np.array(errors), DEFAULT_TIME_MARGIN)}
 
 
-def _upper_margin(relative_errors: np.ndarray, default: float) -> float:
+def _upper_margin(relative_errors: np.ndarray, default: float, quantile: float = UPPER_QUANTILE) -> float:
     """Relative half-width covering ~95% of the fitted records' errors; at least the default when few records."""
     if len(relative_errors) < 10:
         return max(default, float(np.max(np.abs(relative_errors), initial=0.0)))
-    return float(np.quantile(np.abs(relative_errors), UPPER_QUANTILE))
+    return float(np.quantile(np.abs(relative_errors), quantile))

@@ -120,8 +120,11 @@ def open_store(path: Path) -> int:
         why = "it is a symlink; ftplan does not write through one" if exc.errno == errno.ELOOP else exc.strerror
         raise FtplanError(f"cannot write calibration file {printable(str(path))}: {why}") from None
     problem = None if stat.S_ISREG(os.fstat(fd).st_mode) else "not a regular file"
-    if problem is None and not _holds_records(fd):
-        problem = "it holds no ftplan record; give a new file or one ftplan wrote"
+    if problem is None:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # a writer holds LOCK_EX mid-line: its first line, read half-written, is no record
+        if not _holds_records(fd):
+            problem = "it holds no ftplan record; give a new file or one ftplan wrote"
+        fcntl.flock(fd, fcntl.LOCK_UN)
     if problem:
         os.close(fd)
         raise FtplanError(f"cannot write calibration file {printable(str(path))}: {problem}")
