@@ -50,3 +50,25 @@ def test_the_prior_without_the_family_does_not_plan_reserved_memory_below_what_r
     prediction = predictor.predict(Setting.from_dict(top), 84, find_gpu("H200", load_catalog(None)))
     assert prediction.source == "prior"
     assert prediction.peak_reserved.upper >= top["peak_reserved_bytes"]
+
+
+def test_the_prior_without_the_family_bounds_every_reserved_peak_it_never_saw():
+    """The prior's reserved bound, its margin taken near the card's capacity and its small batches bounded by the
+    most cache seen there (PriorConstants.cached_bytes), holds every H200 record of a family left out, at every
+    batch, with and without checkpointing."""
+    from ftplan.core.architecture import cached_architecture
+
+    records = [r for r in read_records([SHIPPED]) if r["status"] in ("ok", "oom")]
+    family = {r["model"]: cached_architecture(r["model"]).model_type for r in records}
+    gpu = find_gpu("H200", load_catalog(None))
+    checked = 0
+    for left_out in sorted(set(family.values())):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            predictor = Predictor.fit([r for r in records if family[r["model"]] != left_out])
+        for record in (r for r in records if family[r["model"]] == left_out and r["status"] == "ok"):
+            prediction = predictor.predict(Setting.from_dict(record), record["micro_batch"], gpu)
+            assert prediction.source == "prior"
+            assert prediction.peak_reserved.upper >= record["peak_reserved_bytes"], (left_out, record["micro_batch"])
+            checked += 1
+    assert checked >= 150

@@ -197,8 +197,10 @@ class Predictor:
             notes.append(self._communication_note(setting))
         allocated = Estimate(prior.peak_allocated, prior.peak_allocated * (1 + constants.memory_margin))
         _, margin, worst = constants.fragmentation_of(setting)
-        # the bound: the prior's own error, or the allocated bound with the worst fragmentation seen near capacity
-        reserved = Estimate(prior.peak_reserved, max(prior.peak_reserved * (1 + margin), allocated.upper * worst))
+        # the bound: the prior's own error, the allocated bound with the worst fragmentation seen near capacity, or
+        # with the most cache seen at small batches
+        reserved = Estimate(prior.peak_reserved, max(prior.peak_reserved * (1 + margin), allocated.upper * worst,
+                                                     allocated.upper + constants.cached_bytes))
         return Prediction(setting, batch, gpu.name, allocated, reserved, seconds, SOURCE_PRIOR, notes=tuple(notes))
 
     def _evidence(self, setting: Setting, gpu: GpuSpec) -> _Evidence | None:
@@ -320,6 +322,7 @@ def fit_all_constants(records: list[dict], catalog: dict[str, GpuSpec]) -> dict[
         if own.n_records:
             constants[model] = replace(own, memory_margin=max(own.memory_margin, every.memory_margin),
                                        reserved_margin=max(own.reserved_margin, every.reserved_margin),
+                                       cached_bytes=max(own.cached_bytes, every.cached_bytes),
                                        checkpointed_reserved_margin=max(own.checkpointed_reserved_margin,
                                                                         every.checkpointed_reserved_margin),
                                        time_margin=max(own.time_margin, every.time_margin))
