@@ -50,7 +50,6 @@ from ftplan.core.architecture import EXPERTS_TARGET, Architecture
 from ftplan.core.settings import Setting
 from ftplan.models.bytes_per_param import FP32_BYTES, HALF_BYTES, HALF_PRECISIONS, activation_bytes, weight_bytes
 
-NORM_FP32_TENSORS = 2
 LOSS_FP32_TENSORS = 3
 LIGER_LOSS_FP32_TENSORS = 2
 SOFTCAP_LOGIT_TENSORS = 2
@@ -92,8 +91,8 @@ def _norm_bytes(arch: Architecture, setting: Setting) -> int:
     return layer_norms * saved(arch.hidden, s) + saved(qk_width, m)
 
 
-# The linears of a dense layer, as (readers of one input, its width, where the input comes from).
 def _dense_groups(arch: Architecture) -> list[tuple[tuple[str, ...], int, str]]:
+    """A dense layer's linears as (the readers of one input, its width, where the input comes from)."""
     h, q = arch.hidden, arch.heads * arch.head_dim
     if arch.family and arch.family.fused_projections:
         return [(("qkv_proj",), h, "stream"), (("o_proj",), q, "attention"),

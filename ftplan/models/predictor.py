@@ -168,13 +168,12 @@ class Predictor:
         inside = (exact or variant) and bool(calibrated) and calibrated[0] <= batch <= calibrated[-1]
         if (exact or variant) and not inside:
             notes.append(f"batch {batch} outside the calibrated batches {calibrated or 'at this length'}: extrapolated")
-        if padding_only:  # the attention path's change, which the prior counts closely: a share of it on the bound
-            allocated = _widened_by(allocated, PADDING_CHANGE_MARGIN * abs(prior.peak_allocated - base.peak_allocated))
-            reserved = _widened_by(reserved, PADDING_CHANGE_MARGIN * abs(prior.peak_reserved - base.peak_reserved))
-            seconds = _widened(seconds, constants.time_margin)
-        elif variant:  # only the step temporaries differ: the bound does not count on the prior's saving
-            allocated = _widened_by(allocated, abs(prior.peak_allocated - base.peak_allocated))
-            reserved = _widened_by(reserved, abs(prior.peak_reserved - base.peak_reserved))
+        if padding_only or variant:
+            # only terms the prior counts differ: the bound adds the step temporaries' whole change (it does not count
+            # on the prior's saving), or a share of the attention path's, which the prior counts closely
+            share = PADDING_CHANGE_MARGIN if padding_only else 1.0
+            allocated = _widened_by(allocated, share * abs(prior.peak_allocated - base.peak_allocated))
+            reserved = _widened_by(reserved, share * abs(prior.peak_reserved - base.peak_reserved))
             seconds = _widened(seconds, constants.time_margin)
         elif not exact:  # a relative's fit carries the prior's change: bound it by the prior's own measured error
             allocated = _widened(allocated, constants.memory_margin)

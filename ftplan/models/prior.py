@@ -434,10 +434,9 @@ class PriorConstants:
     reserved_margin: float = DEFAULT_RESERVED_MARGIN
     # Recomputing checkpointed layers strands more of the cache: on the H200 reserved/allocated reached 1.24-1.32
     # at the largest batches with checkpointing (Phi-3-mini LoRA, Llama-3.2-3B + Liger), at most 1.11 without.
-    # Without checkpointing the margin (its errors' 95% quantile, 0.29, set by small batches) covers every
-    # record near capacity (at most 0.15 off); with it, it did not (Phi-3-mini left out: 0.15 against 0.23),
-    # so the checkpointed bound also takes the worst ratio seen near capacity, and its margin covers every
-    # checkpointed record (the largest error, not the 95% quantile): the default allocator's stranded recompute
+    # A 95% quantile of all checkpointed records' errors (0.15 with Phi-3-mini left out) did not cover that
+    # ladder near capacity (0.23), so the checkpointed bound also takes the worst ratio seen near capacity, and
+    # its margin covers every checkpointed record (the largest error, not the 95% quantile): the default allocator's stranded recompute
     # blocks are a heavy tail of few settings, and once the activation count was exact (its errors no longer
     # padding the allocated bound) the quantile left Phi-3-mini's batch 84, with Phi-3 left out, 1% above it.
     checkpointed_fragmentation: float = DEFAULT_FRAGMENTATION
