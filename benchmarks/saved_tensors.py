@@ -6,9 +6,10 @@ fused projections, norms), runs one forward pass under the Trainer's autocast wi
 sums every distinct storage kept, and prints measured against counted bytes per layer and token for full
 fine-tuning with fp32 weights (Trainer's bf16=True), in pure bf16, and for LoRA on a bf16 base. One layer's
 bytes per token are the difference of models with 3 and 2 layers at batch 4 and 2, so the embedding, the
-loss and anything sized by the sequence alone (RoPE tables, the causal mask) drop out. The rows are
-unmasked (the flash-like path SDPA takes on the CPU and on CUDA alike); the masked path is measured on the
-GPU (benchmarks/gpu/mask_path.py).
+loss and anything sized by the sequence alone (RoPE tables, the causal mask) drop out. The SDPA rows are
+unmasked (the flash-like path SDPA takes on the CPU and on CUDA alike; the masked path is measured on the
+GPU, benchmarks/gpu/mask_path.py); eager attention, which saves its seq² scores, is measured here for three
+query/KV head ratios and Gemma 2, whose attention softcapping SDPA cannot run.
 
     python -m benchmarks.saved_tensors
 """
@@ -27,6 +28,8 @@ HIDDEN, HEADS, HEAD_DIM = 256, 8, 32
 MODES = {"full, fp32 weights": {"precision": "bf16"}, "full, bf16-pure": {"precision": "bf16-pure"},
          "LoRA r16, bf16 base": {"precision": "bf16", "lora_rank": 16}}
 FAMILIES = ("llama-3-8b", "qwen2.5-0.5b", "qwen3-8b", "olmo-2-1b", "gemma-3-1b", "olmoe-1b-7b", "qwen1.5-moe-a2.7b")
+EAGER_MODE = ("full, fp32 weights, eager", {"precision": "bf16", "attention": "eager"})
+EAGER_FAMILIES = ("llama-3-8b", "qwen2.5-0.5b", "gemma-3-1b", "gemma-2-2b")  # 4, 7 and 4 query heads a KV head
 
 
 def shrunk(arch_id: str, layers: int) -> Architecture:
@@ -48,7 +51,7 @@ def _model(arch: Architecture, setting: Setting):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(**{k: v for k, v in arch.config.items() if not k.startswith("_")})
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = setting.attention
     model = AutoModelForCausalLM.from_config(config)
     model = model.to(torch.float32 if setting.precision == "bf16" and not setting.lora_rank else torch.bfloat16)
     if setting.lora_rank:
@@ -87,12 +90,13 @@ def measured_layer_bytes(arch_id: str, setting: Setting) -> float:
 
 def rows() -> list[tuple[str, str, float, int]]:
     """(architecture, mode, measured, counted) bytes per layer and token."""
+    cases = [(arch_id, mode, fields) for arch_id in FAMILIES for mode, fields in MODES.items()]
+    cases += [(arch_id, *EAGER_MODE) for arch_id in EAGER_FAMILIES]
     table = []
-    for arch_id in FAMILIES:
-        for mode, fields in MODES.items():
-            setting = Setting(model=arch_id, seq_len=SEQ, **fields)
-            table.append((arch_id, mode, measured_layer_bytes(arch_id, setting),
-                          layer_bytes_per_token(shrunk(arch_id, 3), setting)))
+    for arch_id, mode, fields in cases:
+        setting = Setting(model=arch_id, seq_len=SEQ, **fields)
+        table.append((arch_id, mode, measured_layer_bytes(arch_id, setting),
+                      layer_bytes_per_token(shrunk(arch_id, 3), setting)))
     return table
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from ftplan.planner import api
 from ftplan.cli.commands.calibrate import command as calibrate
+from ftplan.core.architecture import run_attention
 from ftplan.core.settings import Setting
 from ftplan.planner.headline import calibrate_command, trial_overhead_seconds, version_lines
 
@@ -44,7 +45,8 @@ def test_the_calibrate_command_parses_back_to_the_very_setting(setting):
     assert (params["gradient_checkpointing"] == "on") == setting.gradient_checkpointing
     assert tuple(params["lora_targets"]) == setting.lora_targets and params["quantization"] == setting.quantization
     assert (params["precision"] or "bf16") == setting.precision and params["optimizer"] == setting.optimizer
-    assert params["paddings"] == (setting.padding,) and params["attention"] == setting.attention
+    assert params["paddings"] == (setting.padding,)
+    assert run_attention(setting.model, params["attention"]) == setting.attention
     assert params["alloc_conf"] == setting.alloc_conf and params["gpus"] == setting.world_size
 
 

@@ -1,6 +1,7 @@
 """The end-to-end benchmark of issue 24: emitted configs, run as the user runs them, against the plan.
 
-    python benchmarks/gpu/emitted_runs.py prepare WORK     # on any machine: dataset, tokenizer, plans, --emit
+    python benchmarks/gpu/emitted_runs.py prepare WORK [GPU] [CASE ...]  # any machine: dataset, tokenizer, plans
+                                                             # for GPU (default H200), --emit
     bash benchmarks/gpu/emitted_runs.sh WORK CASE[@B] ...  # on the GPU: `ftplan rehearse` of each (@B: at batch B)
     python benchmarks/gpu/emitted_runs.py report WORK RECORDS.jsonl
     python benchmarks/gpu/emitted_runs.py replay          # on any machine: today's models against those runs
@@ -58,7 +59,8 @@ def corpus() -> list[str]:
     return texts[::step][:SAMPLES]
 
 
-def prepare(work: Path) -> None:
+def prepare(work: Path, gpu: str = "H200", names: list[str] | None = None) -> None:
+    """The dataset, its tokenizer and every case's (or the named ones') emitted folder, planned for `gpu`."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     work.mkdir(parents=True, exist_ok=True)
@@ -72,9 +74,9 @@ def prepare(work: Path) -> None:
     lengths = sorted(len(e.ids) for e in tokenizer.encode_batch(texts))
     print(f"dataset: {len(texts)} source files, p50 {lengths[len(lengths) // 2]}, "
           f"p99 {lengths[int(len(lengths) * 0.99)]}, max {lengths[-1]} tokens")
-    for name, model, options, label in CASES:
+    for name, model, options, label in (c for c in CASES if not names or c[0] in names):
         options = [str(dataset) if o == "D" else str(tokenizer_path) if o == "T" else o for o in options]
-        command = [sys.executable, "-m", "ftplan", "plan", "--model", model, "--gpu", "H200", *options,
+        command = [sys.executable, "-m", "ftplan", "plan", "--model", model, "--gpu", gpu, *options,
                    *([] if "--dataset" in options else ["--dataset-size", str(len(texts))]),
                    "--emit", str(work / name), "--force", *(["--emit-setup", label] if label else [])]
         done = subprocess.run(command, capture_output=True, text=True)
@@ -223,7 +225,7 @@ def probe(work: Path, name: str, micro_batch: int) -> None:
 
 
 if __name__ == "__main__":
-    {"prepare": lambda: prepare(Path(sys.argv[2])),
+    {"prepare": lambda: prepare(Path(sys.argv[2]), *(sys.argv[3:4] or ["H200"]), sys.argv[4:]),
      "report": lambda: report(Path(sys.argv[2]), Path(sys.argv[3])),
      "replay": replay,
      "probe": lambda: probe(Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]))}[sys.argv[1]]()

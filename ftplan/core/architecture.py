@@ -133,6 +133,25 @@ class Architecture:
     def final_logit_softcapping(self) -> float | None:
         return self.config.get("final_logit_softcapping")
 
+    @property
+    def attention_softcapping(self) -> float | None:
+        """Gemma 2's tanh cap on the attention scores: SDPA cannot apply it, so transformers 5.2x refuses
+        attn_implementation="sdpa" for such a model (Gemma2PreTrainedModel._supports_sdpa is False)."""
+        return self.config.get("attn_logit_softcapping")
+
+    @property
+    def default_attention(self) -> str:
+        """The attention implementation a run loads unless told otherwise: SDPA, or eager where SDPA cannot
+        compute the model's attention."""
+        return "eager" if self.attention_softcapping else "sdpa"
+
+    def check_attention(self, attention: str) -> None:
+        """Refuse an implementation that cannot compute this model's attention, in one line."""
+        if attention == "sdpa" and self.attention_softcapping:
+            raise FtplanError(f"{self.id}: attention 'sdpa' cannot apply its attention softcapping "
+                              f"(attn_logit_softcapping {self.attention_softcapping}); transformers refuses it, "
+                              "older versions silently dropped the cap: use eager or flash_attention_2")
+
     @cached_property
     def shape(self) -> tuple:
         """What decides memory and time. Two configs of one shape are one architecture for every fit:
@@ -377,6 +396,14 @@ def _is_size(value: object) -> bool:
 
 
 @lru_cache(maxsize=64)
+def run_attention(model: str, attention: str | None) -> str:
+    """The attention implementation a run of `model` loads: the one asked for, checked, or the model's default."""
+    arch = cached_architecture(model)
+    chosen = attention or arch.default_attention
+    arch.check_attention(chosen)
+    return chosen
+
+
 def cached_architecture(name_or_path: str) -> Architecture:
     """load_architecture for hot loops (fits, prior, planner search); a config edited on disk mid-process is not re-read."""
     return load_architecture(name_or_path)

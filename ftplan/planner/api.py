@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ftplan.core.architecture import load_architecture
+from ftplan.core.architecture import load_architecture, run_attention
 from ftplan.core.errors import FtplanError
 from ftplan.core.recipe import check_alloc_conf
 from ftplan.core.settings import Setting
@@ -114,7 +114,7 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
          calibrations: Sequence[Path | str] = (), gpu_specs: Path | str | None = None,
          dataset: Path | str | None = None, dataset_options: DatasetOptions | None = None,
          text_field: str | None = None, ids_field: str | None = None, tokenizer: Path | str | None = None,
-         chars_per_token: float | None = None, allow: Sequence[str] = (), attention: str = "sdpa",
+         chars_per_token: float | None = None, allow: Sequence[str] = (), attention: str | None = None,
          alloc_conf: str = "", padding: str = "max_length",
          progress: Callable[[str], None] | None = None) -> PlanResult:
     """Every setup ranked for this run, as `ftplan plan` with the same options (gpus: a count, or '1..64';
@@ -123,7 +123,7 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
     The run's recipe without a dataset: padding "max_length" pads samples to seq_len with a mask (the
     collator --emit writes); "none" is rows already of exactly seq_len (run_clm-style chunks), which carry
     no mask to attention. With a dataset its batching's collator decides; attention and alloc_conf as the
-    run will set them.
+    run will set them (attention None: sdpa, or eager where SDPA cannot compute the model's attention).
 
     With a dataset file, its own token lengths set the sample count, the longest batch (memory) and the
     tokens per step (time); dataset_options choose the batching (dynamic padding by default).
@@ -141,7 +141,7 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
     counts = _checked_counts(str(gpus), dataset_size, epochs, dataset)
     options = dataset_options or DatasetOptions()
     base = Setting(model=model, seq_len=seq_len, padding=_run_padding(padding, dataset, options),
-                   attention=attention, alloc_conf=alloc_conf)
+                   attention=run_attention(model, attention), alloc_conf=alloc_conf)
     workspace = Workspace.open(gpu, calibrations, gpu_specs, intra_node_bandwidth, inter_node_bandwidth, step_time_cv)
     request = PlanRequest(base=base, dataset_size=dataset_size if dataset is None else dataset_size or 1,  # or its rows
                           epochs=epochs, gpu=workspace.card,

@@ -8,7 +8,7 @@ import shlex
 import statistics
 from collections.abc import Callable, Iterable
 
-from ftplan.core.architecture import ALL_LINEAR_TARGETS
+from ftplan.core.architecture import ALL_LINEAR_TARGETS, cached_architecture
 from ftplan.core.hardware import GpuSpec
 from ftplan.core.settings import Setting
 from ftplan.core.versions import installed_versions
@@ -58,7 +58,8 @@ def calibrate_command(setting: Setting) -> str:
     flags += [f"--precision {setting.precision}"] if setting.precision != default.precision else []
     flags += [f"--optimizer {setting.optimizer}"] if setting.optimizer != default.optimizer else []
     flags += [f"--padding {setting.padding}"] if setting.padding != "packed" else []
-    flags += [f"--attention {setting.attention}"] if setting.attention != default.attention else []
+    flags += [f"--attention {setting.attention}"] if (setting.attention
+                                                      != cached_architecture(setting.model).default_attention) else []
     flags += [f"--alloc-conf {shlex.quote(setting.alloc_conf)}"] if setting.alloc_conf else []
     flags += [f"--gpus {setting.world_size}"] if setting.world_size > 1 else []
     return "ftplan calibrate " + " ".join(flags)

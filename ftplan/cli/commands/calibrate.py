@@ -32,7 +32,7 @@ from ftplan.calibration.runner import CalibrationPlan, CalibrationProgress, cali
 from ftplan.cli.commands.dataset_options import check_dataset_options, dataset_options
 from ftplan.cli.commands.options import positive_int_list
 from ftplan.cli.main import Dependencies
-from ftplan.core.architecture import ALL_LINEAR_TARGETS, load_architecture
+from ftplan.core.architecture import ALL_LINEAR_TARGETS, load_architecture, run_attention
 from ftplan.models.bytes_per_param import OPTIMIZER_STATE_BYTES
 from ftplan.core.errors import FtplanError
 from ftplan.core.recipe import check_alloc_conf
@@ -119,8 +119,9 @@ def _switch(value: str) -> tuple[bool, ...]:
               help="The collator's padding, as the emitted config's (`plan` without --dataset: max_length; "
                    "--batching dynamic/group: longest): padded batches carry a mask, which sends SDPA down its masked "
                    "path (K/V expanded to every query head); none: rows of exactly --seq-len, no mask. Repeatable.")
-@click.option("--attention", type=click.Choice(ATTENTIONS), default="sdpa", show_default=True,
-              help="attn_implementation the model is loaded with (part of the setting).")
+@click.option("--attention", type=click.Choice(ATTENTIONS), default=None,
+              help="attn_implementation the model is loaded with (part of the setting).  [default: sdpa; eager where "
+                   "SDPA cannot compute the model's attention: Gemma 2's softcapping]")
 @click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Keep every rank's log here (by default logs are deleted; failures quote their last line).")
 @click.pass_context
@@ -132,7 +133,7 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
             precision: str | None, quantization: str, optimizer: str,
             gpus: int,
             batch_sizes: tuple[int, ...] | None, max_batch: int | None, verify: bool | None, steps: int, warmup_steps: int,
-            timeout: float, alloc_conf: str, paddings: tuple[str, ...], attention: str, log_dir: Path | None) -> None:
+            timeout: float, alloc_conf: str, paddings: tuple[str, ...], attention: str | None, log_dir: Path | None) -> None:
     """Run short real fine-tunes of every combination of the options, at a ladder of batch sizes.
 
     Each trial runs in its own processes under a watchdog; every finished trial is appended at once,
@@ -192,7 +193,7 @@ def dataset_seq_len(dataset: Path, text_field: str | None, ids_field: str | None
 
 
 def expand_settings(models, seq_lens, zero_stages, offloads, ligers, checkpointings, lora_ranks, lora_targets,
-                    precision, gpus, alloc_conf, paddings=("max_length",), attention="sdpa", quantization: str = "",
+                    precision, gpus, alloc_conf, paddings=("max_length",), attention=None, quantization: str = "",
                     optimizer: str = "adamw_torch") -> list[Setting]:
     """The cartesian product of the options; offload is only combined with ZeRO stages that support it."""
     if offloads == (True,) and 0 in zero_stages:
@@ -214,7 +215,8 @@ def expand_settings(models, seq_lens, zero_stages, offloads, ligers, checkpointi
                                 gradient_checkpointing=gc, lora_rank=rank,
                                 lora_targets=lora_targets if rank else ALL_LINEAR_TARGETS,
                                 precision=precision, gpus=gpus, alloc_conf=alloc_conf, padding=padding,
-                                attention=attention, quantization=quantization, optimizer=optimizer))
+                                attention=run_attention(model, attention), quantization=quantization,
+                                optimizer=optimizer))
     return list(dict.fromkeys(settings))
 
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import click
 
-from ftplan.core.architecture import ALL_LINEAR_TARGETS
+from ftplan.core.architecture import ALL_LINEAR_TARGETS, run_attention
 from ftplan.core.errors import FtplanError
 from ftplan.core.recipe import check_alloc_conf
 from ftplan.core.settings import ATTENTIONS, PADDINGS, PRECISIONS, ZERO_STAGES, Setting
@@ -68,8 +68,9 @@ SETTING_OPTIONS = (
                  help="How the collator shapes batches: max_length/longest pad with a mask (SDPA's masked path), "
                       "none is rows of exactly --seq-len with no mask, packed is flattened rows. Every batch is "
                       "priced at --seq-len: for a dataset's real lengths use `ftplan plan --dataset`."),
-    click.option("--attention", type=click.Choice(ATTENTIONS), default="sdpa", show_default=True,
-                 help="attn_implementation the model is loaded with."),
+    click.option("--attention", type=click.Choice(ATTENTIONS), default=None,
+                 help="attn_implementation the model is loaded with.  [default: sdpa; eager where SDPA cannot "
+                      "compute the model's attention: Gemma 2's softcapping]"),
 )
 
 
@@ -107,4 +108,4 @@ def setting_from_options(options: dict) -> Setting:
                    lora_rank=options["lora_rank"], lora_targets=options["lora_targets"],
                    gradient_checkpointing=options["gradient_checkpointing"], gpus=per_node,
                    nodes=nodes, alloc_conf=options["alloc_conf"], padding=options["padding"],
-                   attention=options["attention"], quantization=options["quantization"])
+                   attention=run_attention(options["model"], options["attention"]), quantization=options["quantization"])
