@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from benchmarks.gpu.emitted_runs import rehearsals, replayed
+from benchmarks.gpu.emitted_runs import PACKED_REHEARSALS, rehearsals, replayed
 
 RUNS = rehearsals()
 
@@ -90,3 +90,17 @@ def test_the_bound_of_a_padding_relative_covers_the_priors_error_on_the_mask_twi
     pairs = masked_pairs(read_records(sorted(calibrations_dir().glob("*.jsonl"))))
     assert len(pairs) >= 10 and len({masked["model"] for _, masked in pairs}) >= 3
     assert max(abs(excess_error(*pair)) for pair in pairs) * 2 <= PADDING_CHANGE_MARGIN
+
+
+def test_packed_memory_holds_on_the_users_run_through_trls_sfttrainer():
+    """The packed folder run by TRL's SFTTrainer on an H100 at micro-batches 3-11: with TRL's fused LM head
+    counted (no fp32 logits) allocated memory is within 3.5% and the measured reserved peak within the predicted
+    bound; without it the prediction was 35% high and the plan's largest batch 7 where 11 ran. Its step time is
+    not pinned: it misses the issue's 10% target by 50-125% (README, "Packing")."""
+    runs = [(run, plan) for run, plan in rehearsals(PACKED_REHEARSALS)
+            if run["status"] == "ok" and run.get("accumulation", 1) == 1]
+    assert len(runs) >= 4
+    for run, plan in runs:
+        memory, _time = replayed(plan, run["micro_batch"])
+        assert run["peak_allocated_bytes"] == pytest.approx(memory.peak_allocated.mean, rel=0.035), run["emit_dir"]
+        assert run["peak_reserved_bytes"] <= memory.peak_reserved.upper, run["emit_dir"]

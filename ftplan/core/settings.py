@@ -105,6 +105,13 @@ class Setting:
         return self.padding != "none"
 
     @property
+    def trl_lm_head(self) -> bool:
+        """Whether the loss is TRL's fused LM head: packing runs through TRL's SFTTrainer, which (trl 1.16)
+        patches the model to score labels in tiles (trl.trainer.utils.add_fused_lm_head) and never builds the
+        fp32 logits; backward recomputes each tile. Liger's own fused loss is off there (TRL turns it off)."""
+        return self.padding == "packed"
+
+    @property
     def uses_deepspeed(self) -> bool:
         return self.zero_stage > 0
 

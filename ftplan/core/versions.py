@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib.metadata
 
 # Every package whose version changes a fine-tune's memory or speed; records carry them (calibration/measure.py).
-TRACKED_PACKAGES = ("torch", "transformers", "deepspeed", "liger_kernel", "peft", "accelerate", "bitsandbytes")
+TRACKED_PACKAGES = ("torch", "transformers", "deepspeed", "liger_kernel", "peft", "accelerate", "bitsandbytes",
+                    "trl")  # trl: packing runs through its SFTTrainer, whose fused LM head sets the loss memory
 
 
 def installed_versions() -> dict[str, str | None]:

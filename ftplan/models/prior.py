@@ -164,13 +164,15 @@ def _flops_per_sample(arch: Architecture, setting: Setting) -> float:
     """Matmul FLOPs of one sample on one GPU: 2·params·tokens forward, as much again for activation
     gradients and (full fine-tuning only) for weight gradients, +1 forward when checkpointing: 6·P·T,
     8·P·T with checkpointing, 4·P·T for LoRA, with P the parameters a token passes through (of a
-    mixture of experts only its top-k). Attention adds its forward and twice that backward."""
-    matmul_params = arch.active_decoder_params + arch.vocab * arch.hidden
-    forward = 2 * matmul_params * setting.seq_len
+    mixture of experts only its top-k). Attention adds its forward and twice that backward; TRL's fused LM
+    head recomputes its logits in backward (one more lm_head forward)."""
+    lm_head_forward = 2 * arch.vocab * arch.hidden * setting.seq_len
+    forward = 2 * arch.active_decoder_params * setting.seq_len + lm_head_forward
     attention_forward = _attention_forward_flops(arch, setting)
     weight_grads = 0 if setting.lora_rank else forward
     recompute = forward + attention_forward if setting.gradient_checkpointing else 0
-    return 2 * forward + weight_grads + 3 * attention_forward + recompute
+    lm_head_recompute = lm_head_forward if setting.trl_lm_head else 0
+    return 2 * forward + weight_grads + 3 * attention_forward + recompute + lm_head_recompute
 
 
 def masked_attention_flops(arch: Architecture, setting: Setting) -> float:
@@ -196,7 +198,7 @@ def logit_elements_per_sample(arch: Architecture, setting: Setting) -> int:
     """Logit entries one sample materialises: the unfused loss reads and writes them several times
     in fp32 (upcast, log-softmax, their gradients), memory-bound traffic that FLOPs do not count.
     Liger's fused linear cross-entropy never builds them."""
-    return 0 if setting.liger else setting.seq_len * arch.vocab
+    return 0 if setting.liger or setting.trl_lm_head else setting.seq_len * arch.vocab
 
 
 def packed_attention_extra(arch: Architecture, setting: Setting, batch: int) -> tuple[float, float]:

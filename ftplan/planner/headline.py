@@ -28,7 +28,7 @@ DEFAULT_TRIAL_BATCHES = (1, 2, 4)
 MAX_VERIFY_TRIALS = 3
 UNTIMED_STEPS = 2  # calibrate's --warmup-steps default; warm-up may run longer, so the estimate is a floor
 DEFAULT_MEASURED_STEPS = 4
-COMPARED_PACKAGES = ("torch", "transformers", "peft", "deepspeed", "liger_kernel", "bitsandbytes")
+COMPARED_PACKAGES = ("torch", "transformers", "peft", "deepspeed", "liger_kernel", "bitsandbytes", "trl")
 # Fewer optimizer steps than this in the whole run: the fastest batch is then rarely the one a recipe trains
 # well with (a 374-sample dataset was once planned at micro-batch 374, one step an epoch).
 FEW_OPTIMIZER_STEPS = 20
