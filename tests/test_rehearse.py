@@ -204,7 +204,8 @@ def test_a_packed_folder_rehearses_through_trls_sfttrainer_padding_free(tmp_path
     folder = tmp_path / "configs"
     code, _, err = run_ftplan(["plan", "--model", "llama-3.2-1b", "--gpu", "H200", "--dataset", dataset, "--full",
                                "--batching", "pack", "--pack-length", "64", "--emit", folder,
-                               "--emit-setup", "ddp full s64 packed"], capsys, monkeypatch)  # DDP: no DeepSpeed batch to match
+                               "--emit-setup", "ddp full s64 packed"],  # DDP: no DeepSpeed batch to match
+                              capsys, monkeypatch)
     assert code == 0, err
     numbers = read_plan(folder)
     lengths = packed_sample_lengths(numbers, steps=2)

@@ -180,8 +180,10 @@ REHEARSALS = ((RESULTS / "emitted_runs_h200.jsonl", RESULTS / "emitted_runs"),
 # 2026-12-06, one H100 80GB HBM3 (driver 580.159.04; torch 2.11.0+cu130, transformers 5.17.0, trl 1.16.0): the
 # packed folder planned for the H100 at micro-batch 3, then probed at 7, 8, 11 and 13 (`WHEELS=.whlpack bash
 # benchmarks/gpu/emitted_runs.sh .gpu100 qwen05-full-pack qwen05-full-pack@7 ...`). Kept apart: its step time
-# misses the target (`replay` prints it on its own).
-PACKED_REHEARSALS = ((RESULTS / "emitted_runs_pack_h100.jsonl", RESULTS / "emitted_runs_pack_h100"),)
+# misses the target (`replay` prints it on its own). Then the same case planned with TRL's fused LM head
+# priced (micro-batch 4), rehearsed with a probe at 11.
+PACKED_REHEARSALS = ((RESULTS / "emitted_runs_pack_h100.jsonl", RESULTS / "emitted_runs_pack_h100"),
+                     (RESULTS / "emitted_runs_pack_replanned_h100.jsonl", RESULTS / "emitted_runs_pack_replanned_h100"))
 
 
 def rehearsals(sources=REHEARSALS) -> list[tuple[dict, dict]]:

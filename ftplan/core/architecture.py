@@ -395,7 +395,6 @@ def _is_size(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= LARGEST_SIZE
 
 
-@lru_cache(maxsize=64)
 def run_attention(model: str, attention: str | None) -> str:
     """The attention implementation a run of `model` loads: the one asked for, checked, or the model's default."""
     arch = cached_architecture(model)
@@ -404,6 +403,7 @@ def run_attention(model: str, attention: str | None) -> str:
     return chosen
 
 
+@lru_cache(maxsize=64)
 def cached_architecture(name_or_path: str) -> Architecture:
     """load_architecture for hot loops (fits, prior, planner search); a config edited on disk mid-process is not re-read."""
     return load_architecture(name_or_path)

@@ -243,5 +243,7 @@ def loss_bytes_per_token(arch: Architecture, setting: Setting) -> int:
 
 
 def liger_lm_head_grad_bytes(arch: Architecture, setting: Setting) -> int:
-    """Liger's fused loss computes the lm_head weight gradient during forward: one extra weight-sized buffer."""
-    return arch.vocab * arch.hidden * weight_bytes(setting) if setting.liger and setting.lora_rank == 0 else 0
+    """Liger's fused loss computes the lm_head weight gradient during forward: one extra weight-sized buffer.
+    Not under TRL's SFTTrainer (packing), which turns Liger's fused loss off for its own LM head."""
+    fused_in_forward = setting.liger and not setting.trl_lm_head and setting.lora_rank == 0
+    return arch.vocab * arch.hidden * weight_bytes(setting) if fused_in_forward else 0

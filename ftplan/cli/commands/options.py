@@ -108,4 +108,5 @@ def setting_from_options(options: dict) -> Setting:
                    lora_rank=options["lora_rank"], lora_targets=options["lora_targets"],
                    gradient_checkpointing=options["gradient_checkpointing"], gpus=per_node,
                    nodes=nodes, alloc_conf=options["alloc_conf"], padding=options["padding"],
-                   attention=run_attention(options["model"], options["attention"]), quantization=options["quantization"])
+                   attention=run_attention(options["model"], options["attention"]),
+                   quantization=options["quantization"])
