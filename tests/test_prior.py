@@ -225,3 +225,15 @@ def test_a_packed_micro_batch_adds_the_flattened_sequences_mask_and_attention_as
     assert packed_attention_extra(load_architecture("qwen2.5-0.5b"), one, 1) == (0.0, 0.0)  # one row: as padded
     flash = one.with_(attention="flash_attention_2")
     assert packed_attention_extra(load_architecture("qwen2.5-0.5b"), flash, 8) == (0.0, 0.0)  # varlen rows
+
+
+def test_a_relative_never_predicts_less_reserved_than_allocated_memory():
+    """A fit moved far along the sequence length (2,048 to 64 tokens) by the prior's change once came out at 1.5 GiB
+    reserved against 28 allocated; the allocator cannot hold less than it hands out."""
+    from ftplan.evidence.workspace import Workspace
+
+    workspace = Workspace.open("H200")
+    for seq, batch in ((64, 100), (128, 8), (2048, 8)):
+        prediction = workspace.predict(Setting(model="llama-3.2-1b", seq_len=seq, liger=True, padding="packed"), batch)
+        assert prediction.peak_reserved.mean >= prediction.peak_allocated.mean
+        assert prediction.peak_reserved.upper >= prediction.peak_allocated.upper
