@@ -234,8 +234,8 @@ def peak_bytes_per_token(arch: Architecture, setting: Setting) -> int:
 
 def loss_bytes_per_token(arch: Architecture, setting: Setting) -> int:
     """Bytes of the logits and loss per token at their peak. Liger's fused loss and TRL's fused LM head are
-    chunked: about h fp32 values a token and the half-precision hidden state they read (on shrunk models TRL's
-    head saves 32 KB a token less than the unfused loss at a vocabulary of 8,192: the fp32 log-softmax)."""
+    chunked: about h fp32 values a token and the half-precision hidden state they read (TRL's: packed runs on an
+    H100 within 3.1% allocated, `python benchmarks/gpu/emitted_runs.py replay`)."""
     if setting.liger or setting.trl_lm_head:
         return arch.hidden * (LIGER_LOSS_FP32_TENSORS * FP32_BYTES + activation_bytes(setting))
     softcap = SOFTCAP_LOGIT_TENSORS * activation_bytes(setting) if arch.final_logit_softcapping else 0
