@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from ftplan.core.errors import FtplanError
+from ftplan.core.architecture import load_architecture
 from ftplan.core.hardware import CPU, GpuSpec
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
@@ -281,3 +282,29 @@ def test_a_global_batch_or_gpu_count_beyond_the_dataset_is_refused(tmp_path):
                  dataset_options=DatasetOptions(global_batch=100))
     with pytest.raises(FtplanError, match="16 GPUs for the dataset's 8 samples"):
         api.plan("llama-3.2-1b", gpu="H200", dataset=data, chars_per_token=4.0, gpus=16)
+
+
+def test_split_global_batch_keeps_an_accumulating_micro_batch_within_what_fits_with_the_kept_gradients():
+    assert split_global_batch(64, 1, 16, lambda b: b, max_accumulating_micro_batch=10) == (8, 8)
+    assert split_global_batch(16, 1, 16, lambda b: b, max_accumulating_micro_batch=0) == (16, 1)  # no accumulation
+    with pytest.raises(FtplanError, match="no micro-batch fits"):
+        split_global_batch(64, 1, 16, lambda b: b, max_accumulating_micro_batch=0)
+
+
+def test_an_accumulating_plan_predicts_and_fits_memory_with_the_kept_gradients():
+    """A full fine-tuning that accumulates holds every fp32 gradient through its micro-steps: the plan's memory
+    carries them, and its micro-batch fits with them."""
+    from ftplan.models.prior import accumulated_gradient_bytes
+
+    setting = Setting(model="qwen2.5-0.5b", seq_len=1000)
+    request = PlanRequest(base=setting, dataset_size=1, epochs=1.0, gpu=GPU, budget=BUDGET, lora_ranks=(),
+                          precision="bf16", training="full")
+    kept = accumulated_gradient_bytes(load_architecture("qwen2.5-0.5b"), setting)
+    assert kept == pytest.approx(494_032_768 * 4)  # every parameter's fp32 .grad
+    plan = plan_from_lengths(TokenPredictor(), request, LONG_TAIL, DatasetOptions(strategy="pad", global_batch=64))
+    choice, setup = plan.recommended, plan.plan.recommended
+    assert choice.accumulation > 1
+    plain = TokenPredictor().predict(setup.setting, choice.micro_batch, GPU).peak_reserved.upper
+    assert setup.best.peak_reserved.upper == pytest.approx(plain + kept)
+    assert setup.best.peak_reserved.upper <= BUDGET.usable_bytes
+    assert any("gradient accumulation keeps 1.84 GiB" in note for note in setup.best.notes)

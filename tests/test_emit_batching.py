@@ -79,8 +79,12 @@ def test_emitted_arguments_are_the_planned_split_and_transformers_accepts_them(t
     args = transformers.TrainingArguments(**kwargs, use_cpu=True)
     module = _module(tmp_path)
     assert module.TRAINING_ARGS == kwargs
-    if strategy == "pack":  # packing is TRL's SFTConfig (a TrainingArguments subclass); TRL is not installed here
-        assert 'packing=True, packing_strategy="bfd"' in (tmp_path / TRAINING_ARGS_PY).read_text()
+    if strategy == "pack":  # packing is TRL's SFTConfig (a TrainingArguments subclass), which collates itself
+        pytest.importorskip("trl")
+        config = module.training_arguments(use_cpu=True)
+        assert (config.packing, config.packing_strategy, config.max_length) == (True, "bfd", choice.batching.memory_length)
+        assert config.pad_to_multiple_of == config.max_length
+        assert config.per_device_train_batch_size == args.per_device_train_batch_size
         assert module.data_collator(None) is None
         return
     from_py = module.training_arguments(use_cpu=True)
@@ -188,3 +192,19 @@ def test_the_length_limit_is_applied_where_the_run_applies_it():
     assert "SFTConfig(max_length=2048) truncates" in comment("pack", "truncate")  # TRL's best-fit decreasing does
     assert "truncation=True, max_length=2048" in comment("dynamic", "truncate")  # the collator never truncates
     assert "train.filter" in comment("pack", "drop")
+
+
+def test_a_packed_micro_batch_flattens_to_whole_rows_so_its_shape_repeats_and_its_padding_trains_nothing():
+    """What the emitted SFTConfig's pad_to_multiple_of relies on in TRL's padding-free collator: two rows of 64
+    holding 50 and 61 tokens flatten to 128, the planned 2 x 64, and the padding is masked out of the loss and
+    starts sequences of its own (position 0), so no real token attends to it."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("trl")
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    collate = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True, pad_to_multiple_of=64)
+    rows = [{"input_ids": [1] * 20 + [2] * 30, "seq_lengths": [20, 30]}, {"input_ids": [3] * 61, "seq_lengths": [61]}]
+    batch = collate(rows)
+    assert batch["input_ids"].shape == (1, 128)
+    assert (batch["labels"][0, 111:] == -100).all() and (batch["position_ids"][0, 111:] == 0).all()
+    assert torch.equal(batch["position_ids"][0, :111], torch.cat([torch.arange(20), torch.arange(30), torch.arange(61)]))

@@ -7,14 +7,14 @@ import statistics
 
 import pytest
 
-from benchmarks.gpu.emitted_runs import PACKED_REHEARSALS, rehearsals, replayed
+from benchmarks.gpu.emitted_runs import PACKED_REHEARSALS, WHOLE_ROW_REHEARSALS, rehearsals, replayed
 
 RUNS = rehearsals()
 
 
 def _errors(run: dict, plan: dict) -> tuple[str, float, float, float, bool]:
     """(evidence, allocated error, step-time error, how far beyond the calibrated batches, time within its bound)."""
-    memory, time = replayed(plan, run["micro_batch"])
+    memory, time = replayed(plan, run["micro_batch"], run.get("accumulation", 1))
     step = statistics.median(run["step_seconds"][run.get("heavy_steps", 0) + 1:])
     return (memory.source, run["peak_allocated_bytes"] / memory.peak_allocated.mean - 1, step / time.mean - 1,
             memory.extrapolation, step <= time.upper)
@@ -93,14 +93,18 @@ def test_the_bound_of_a_padding_relative_covers_the_priors_error_on_the_mask_twi
 
 
 def test_packed_memory_holds_on_the_users_run_through_trls_sfttrainer():
-    """The packed folder run by TRL's SFTTrainer on an H100 at micro-batches 3-11: with TRL's fused LM head
-    counted (no fp32 logits) allocated memory is within 3.5% and the measured reserved peak within the predicted
-    bound; without it the prediction was 35% high and the plan's largest batch 7 where 11 ran. Its step time is
-    not pinned: it misses the issue's 10% target by 50-125% (README, "Packing")."""
-    runs = [(run, plan) for run, plan in rehearsals(PACKED_REHEARSALS)
-            if run["status"] == "ok" and run.get("accumulation", 1) == 1]
-    assert len(runs) >= 4
-    for run, plan in runs:
-        memory, _time = replayed(plan, run["micro_batch"])
+    """The packed folder run by TRL's SFTTrainer on an H100 at micro-batches 3-12, a new flattened length every
+    step and then padded to whole rows, some accumulating: with TRL's fused LM head counted (no fp32 logits) and
+    the gradients accumulation keeps, allocated memory is within 3.5% and the measured reserved peak within the
+    predicted bound; without the head the prediction was 35% high and the plan's largest batch 7 where 11 ran,
+    without the kept gradients 11 x 3 was 4.2% over. (The accumulating runs of a new length every step, lowered
+    from an OOM at 13, held the card's whole 78.3 GiB reserved: fragmentation at the wall, which the whole-row
+    padding ended; 12 x 2 of it stayed at 75.2.)"""
+    runs = [(run, plan, source is WHOLE_ROW_REHEARSALS or run.get("accumulation", 1) == 1)
+            for source in (PACKED_REHEARSALS, WHOLE_ROW_REHEARSALS)
+            for run, plan in rehearsals(source) if run["status"] == "ok"]
+    assert len(runs) >= 10 and any(run.get("accumulation", 1) > 1 for run, _, bounded in runs if bounded)
+    for run, plan, bounded in runs:
+        memory, _time = replayed(plan, run["micro_batch"], run.get("accumulation", 1))
         assert run["peak_allocated_bytes"] == pytest.approx(memory.peak_allocated.mean, rel=0.035), run["emit_dir"]
-        assert run["peak_reserved_bytes"] <= memory.peak_reserved.upper, run["emit_dir"]
+        assert not bounded or run["peak_reserved_bytes"] <= memory.peak_reserved.upper, run["emit_dir"]

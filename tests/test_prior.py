@@ -237,3 +237,20 @@ def test_a_relative_never_predicts_less_reserved_than_allocated_memory():
         prediction = workspace.predict(Setting(model="llama-3.2-1b", seq_len=seq, liger=True, padding="packed"), batch)
         assert prediction.peak_reserved.mean >= prediction.peak_allocated.mean
         assert prediction.peak_reserved.upper >= prediction.peak_allocated.upper
+
+
+def test_the_gradients_accumulation_keeps_are_what_an_accumulating_rehearsal_added_on_the_h100():
+    """12 x 2 against 12 x 1 of the same emitted packed folder (Qwen2.5-0.5B full): the second micro-step holds
+    every fp32 gradient on top of the first's peak."""
+    import json
+    from pathlib import Path
+
+    from ftplan.models.prior import accumulated_gradient_bytes
+
+    results = Path(__file__).parents[1] / "benchmarks/gpu/results/emitted_runs_pack_whole_rows_h100.jsonl"
+    runs = {(r["micro_batch"], r["accumulation"]): r for r in map(json.loads, results.read_text().splitlines())
+            if r["status"] == "ok"}
+    added = runs[12, 2]["peak_allocated_bytes"] - runs[12, 1]["peak_allocated_bytes"]
+    setting = Setting.from_dict(runs[12, 2])
+    assert added == pytest.approx(accumulated_gradient_bytes(load_architecture(setting.model), setting), rel=0.03)
+    assert accumulated_gradient_bytes(load_architecture(setting.model), setting.with_(zero_stage=2)) == 0.0

@@ -153,18 +153,19 @@ def growth(rows: list[dict], work: Path) -> list[str]:
 RESULTS = Path(__file__).parent / "results"
 
 
-def replayed(plan: dict, micro_batch: int):
-    """Today's prediction for one rehearsed folder at the micro-batch it ran (memory, seconds per step): memory at
-    the planned length,
-    step time at the mean padded length of a random micro-batch of the plan's lengths (what the mixed steps
-    feed), as `plan --dataset` predicts them."""
+def replayed(plan: dict, micro_batch: int, accumulation: int = 1):
+    """Today's prediction for one rehearsed folder at the micro-batch and accumulation it ran (memory, seconds per
+    micro-step): memory at the planned length, with the gradients accumulation keeps; step time at the mean
+    padded length of a random micro-batch of the plan's lengths (what the mixed steps feed), as `plan --dataset`
+    predicts them."""
     from ftplan.core.settings import Setting
-    from ftplan.models.batching import apply_limit, batching
     from ftplan.evidence.workspace import Workspace
+    from ftplan.models.batching import apply_limit, batching
+    from ftplan.models.predictor import with_accumulation
 
     setting = Setting.from_dict(plan["setting"])
     workspace = Workspace.open(plan["gpu"])
-    memory = workspace.predict(setting, micro_batch)
+    memory = with_accumulation(workspace.predict(setting, micro_batch), accumulation)
     lengths = plan.get("lengths")
     if not lengths:
         return memory, memory.seconds_per_step
@@ -184,6 +185,11 @@ REHEARSALS = ((RESULTS / "emitted_runs_h200.jsonl", RESULTS / "emitted_runs"),
 # priced (micro-batch 4), rehearsed with a probe at 11.
 PACKED_REHEARSALS = ((RESULTS / "emitted_runs_pack_h100.jsonl", RESULTS / "emitted_runs_pack_h100"),
                      (RESULTS / "emitted_runs_pack_replanned_h100.jsonl", RESULTS / "emitted_runs_pack_replanned_h100"))
+# The same H100 and versions, after SFTConfig(pad_to_multiple_of=max_length) pads every packed micro-batch to whole
+# rows (so its shapes repeat and cuDNN's plans are reused): planned at 4, probed at 11, 12 and 13 (`WHEELS=.whlpack
+# bash benchmarks/gpu/emitted_runs.sh .gpu100c qwen05-full-pack qwen05-full-pack@11 ...`).
+WHOLE_ROW_REHEARSALS = ((RESULTS / "emitted_runs_pack_whole_rows_h100.jsonl",
+                         RESULTS / "emitted_runs_pack_whole_rows_h100"),)
 
 
 def rehearsals(sources=REHEARSALS) -> list[tuple[dict, dict]]:
@@ -196,7 +202,8 @@ def rehearsals(sources=REHEARSALS) -> list[tuple[dict, dict]]:
 def replay() -> None:
     """Every rehearsal (probes and grown batches too) against what the shipped records predict for it now:
     held-out, end-to-end measurements (no rehearsal is in the package's records); the H200's, then packing's."""
-    for title, sources in (("H200", REHEARSALS), ("packed, H100", PACKED_REHEARSALS)):
+    for title, sources in (("H200", REHEARSALS), ("packed, H100, a new flattened length every step", PACKED_REHEARSALS),
+                           ("packed, H100, padded to whole rows", WHOLE_ROW_REHEARSALS)):
         print(f"{title}:\n{'run':28} {'batch':>8} {'evidence':>13} {'alloc err':>9} {'resv err':>8} {'s/step':>7} "
               f"{'pred':>6} {'err':>6}")
         errors = [_replay_row(run, plan) for run, plan in rehearsals(sources) if run.get("status") == "ok"]
@@ -211,7 +218,7 @@ def replay() -> None:
 
 def _replay_row(run: dict, plan: dict) -> tuple[str, float, float, float]:
     """(evidence, allocated, reserved and step-time errors) of one rehearsal against today's prediction, printed."""
-    memory, time = replayed(plan, run["micro_batch"])
+    memory, time = replayed(plan, run["micro_batch"], run.get("accumulation", 1))
     seconds = time.mean * run.get("accumulation", 1)  # a step of the rehearsal is an optimizer step
     mixed = run["step_seconds"][run.get("heavy_steps", 0) + 1:]  # the first step also meets its shapes first
     step = statistics.median(mixed)

@@ -21,7 +21,8 @@ PRECISIONS = ("bf16", "bf16-pure", "fp16", "fp32")
 # How the collator shapes a micro-batch, which decides the attention path (see ftplan/core/recipe.py):
 # none: rows of exactly seq_len and no padding (no mask reaches attention; the trial's rows before recipes);
 # max_length / longest: DataCollatorForSeq2Seq padding, whose padding mask sends SDPA down the masked path;
-# packed: DataCollatorWithFlattening, one padding-free row whose position_ids mark the samples.
+# packed: TRL's padding-free collation, one flattened row whose position_ids mark the samples, padded to whole
+# packed rows (SFTConfig pad_to_multiple_of, so a micro-batch's shape repeats).
 PADDINGS = ("none", "max_length", "longest", "packed")
 ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
 ZERO_STAGES = (0, 1, 2, 3)

@@ -252,9 +252,12 @@ def steps_per_epoch(rows: int, micro_batch: int, accumulation: int, world_size: 
 
 
 def split_global_batch(global_batch: int, world_size: int, max_micro_batch: int,
-                       rows_per_second: Callable[[int], float]) -> tuple[int, int]:
+                       rows_per_second: Callable[[int], float],
+                       max_accumulating_micro_batch: int | None = None) -> tuple[int, int]:
     """(micro-batch, accumulation) with micro-batch × accumulation × GPUs = global_batch, the micro-batch at
     most max_micro_batch (the largest that fits) and of the highest throughput; ties go to the larger batch.
+    A micro-batch that accumulates must also be at most max_accumulating_micro_batch (the largest that fits with
+    the kept gradients; None: as max_micro_batch).
     """
     if global_batch < 1:
         raise FtplanError(f"global batch must be positive, got {global_batch}")
@@ -262,7 +265,9 @@ def split_global_batch(global_batch: int, world_size: int, max_micro_batch: int,
         raise FtplanError(f"a global batch of {global_batch} does not split evenly over {world_size} GPUs; "
                           f"use a multiple of {world_size}")
     per_gpu = global_batch // world_size
-    options = [b for b in range(1, min(per_gpu, max_micro_batch) + 1) if per_gpu % b == 0]
+    accumulating = max_micro_batch if max_accumulating_micro_batch is None else max_accumulating_micro_batch
+    options = [b for b in range(1, min(per_gpu, max_micro_batch) + 1)
+               if per_gpu % b == 0 and (b == per_gpu or b <= accumulating)]
     if not options:
         raise FtplanError(f"no micro-batch fits for a global batch of {global_batch}")
     best = max(options, key=lambda b: (round(rows_per_second(b), 9), b))

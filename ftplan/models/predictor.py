@@ -22,6 +22,7 @@ from ftplan.core.architecture import cached_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import GpuSpec, find_gpu, load_catalog
 from ftplan.core.settings import PADDINGS, Setting
+from ftplan.core.units import GIB
 from ftplan.models.bytes_per_param import same_state_optimizers
 from ftplan.models.communication.estimates import estimate_overlap, step_time_cv
 from ftplan.models.communication.layout import describe_layout
@@ -40,6 +41,7 @@ from ftplan.models.prediction import (
 )
 from ftplan.models.prior import (
     PriorConstants,
+    accumulated_gradient_bytes,
     PriorEstimate,
     fit_constants,
     prior_estimate,
@@ -354,6 +356,21 @@ def _same_but_padding(calibrated: Setting, wanted: Setting) -> bool:
     """A calibration of the same run with other padding: its measured batches stand for the wanted setting's up to
     the attention path's change, which the prior counts (PADDING_CHANGE_MARGIN)."""
     return calibrated.with_(padding=wanted.padding) == wanted
+
+
+def with_accumulation(prediction: Prediction, accumulation: int) -> Prediction:
+    """The prediction for a run that accumulates gradients over `accumulation` micro-steps: calibrations and the
+    prior are at accumulation 1, and every micro-step after the first also holds the kept gradients
+    (accumulated_gradient_bytes), so both memory peaks and their bounds move up by them."""
+    if accumulation <= 1:
+        return prediction
+    kept = accumulated_gradient_bytes(cached_architecture(prediction.setting.model), prediction.setting)
+    if not kept:
+        return prediction
+    return replace(prediction, peak_allocated=_shift(prediction.peak_allocated, kept),
+                   peak_reserved=_shift(prediction.peak_reserved, kept),
+                   notes=(*prediction.notes, f"gradient accumulation keeps {kept / GIB:.2f} GiB of gradients "
+                                             "through the micro-steps"))
 
 
 def _shift(estimate: Estimate, delta: float) -> Estimate:

@@ -36,6 +36,7 @@ from ftplan.models.bytes_per_param import (
     frozen_param_bytes,
     quantized_base_bytes,
     trainable_param_bytes,
+    weight_bytes,
 )
 from ftplan.models.curve import fit_convex_curve
 from ftplan.models.wall import healthy_points
@@ -106,6 +107,21 @@ def memory_terms(arch: Architecture, setting: Setting) -> MemoryTerms:
         backward_end=resident + gradients,
         optimizer_step=resident + gradients + trainable * tb.step_temporaries,
     )
+
+
+def accumulated_gradient_bytes(arch: Architecture, setting: Setting) -> float:
+    """Per-GPU bytes a micro-step after the first holds through its forward and backward under gradient
+    accumulation: every trainable parameter's .grad, kept to be added to. A calibration at accumulation 1 never
+    holds them at its peak (set_to_none frees them at each step, and backward builds them as it frees activations).
+
+    On the H100 (Qwen2.5-0.5B full, packed, 494M parameters: 1.84 GiB of fp32 gradients) 12 x 2 peaked 1.86 GiB
+    above 12 x 1 allocated and 11 x 3 2.07 GiB above 11 x 1 (benchmarks/gpu/results/emitted_runs_pack_*_h100.jsonl).
+    DeepSpeed accumulates into the gradient buffers it holds from the first micro-step (or on the CPU when
+    offloading): nothing more is counted there (not measured).
+    """
+    if setting.uses_deepspeed:
+        return 0.0
+    return float(arch.trainable_params(setting.lora_rank, setting.lora_targets) * weight_bytes(setting))
 
 
 def merged_expert_bytes(arch: Architecture, setting: Setting) -> float:

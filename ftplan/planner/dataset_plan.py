@@ -30,8 +30,10 @@ from ftplan.models.batching import (
     split_global_batch,
 )
 from ftplan.models.eta import Eta, steps_to_finish
+from ftplan.models.prediction import Prediction
+from ftplan.models.predictor import with_accumulation
 from ftplan.planner.dataset import CHARS_PER_TOKEN, DatasetLengths, load_lengths
-from ftplan.planner.search import Plan, PlanRequest, Predictor, SetupPlan, make_plan
+from ftplan.planner.search import Plan, PlanRequest, Predictor, SetupPlan, make_plan, safe_prediction
 
 # Batchings whose padded shape changes from step to step. On a GPU such shapes fragment PyTorch's caching
 # allocator: on an H200 (benchmarks/gpu/results/dataset_memory_h200_2026-12-03.txt) a random-order epoch of
@@ -178,10 +180,19 @@ class _SetupTimer:
 
         if self.options.global_batch is not None:
             micro, accumulation = split_global_batch(self.options.global_batch, setting.world_size, largest,
-                                                     rows_per_second)
+                                                     rows_per_second, self._largest_accumulating(setting, largest))
             return micro, accumulation, None
         micro = largest if self.options.strategy == "pad" else fastest_batch(largest, rows_per_second)
         return micro, 1, saturating_batch(micro, rows_per_second)
+
+    def memory_at(self, setting: Setting, batch: int, accumulation: int = 1) -> Prediction:
+        """Memory at the longest batch's length, with the gradients accumulation keeps between micro-steps."""
+        return with_accumulation(self.predictor.predict(setting, batch, self.request.gpu), accumulation)
+
+    def _largest_accumulating(self, setting: Setting, largest: int) -> int:
+        """The largest micro-batch that stays safe while gradient accumulation keeps the gradients (0: none)."""
+        best = safe_prediction(lambda batch: self.memory_at(setting, batch, 2), self.request.budget, largest)
+        return best.micro_batch if best is not None else 0
 
     def time(self, setup: SetupPlan) -> tuple[SetupPlan, SetupBatching]:
         """The setup with its ETA from real rows and tokens, and the batching that ETA assumes."""
@@ -193,7 +204,7 @@ class _SetupTimer:
         total = steps * per_step
         price = request.price_per_gpu_hour
         eta = Eta(steps, per_step, total, None if price is None else total / 3600 * price * setting.world_size)
-        best = self.predictor.predict(setting, micro, request.gpu)  # memory at the longest batch's length
+        best = self.memory_at(setting, micro, accumulation)
         chosen = SetupBatching(setting, micro, accumulation, shape_used, setup.batch, saturating,
                                micro * setting.world_size / self.step_seconds(setting, micro, accumulation))
         return replace(setup, best=best, eta=eta), chosen

@@ -20,6 +20,14 @@ from ftplan.core.settings import Setting
 from ftplan.planner.dataset_plan import ALLOC_CONF_DOC, DatasetPlan
 from ftplan.planner.search import PlanRequest, SetupPlan
 
+# Why packing pads the flattened micro-batch to whole rows: SDPA's masked kernel on Hopper (cuDNN, torch 2.11) builds an
+# execution plan on the host for every new shape, 4-7 ms per layer call (benchmarks/gpu/results/packed_profile_h100.txt),
+# and TRL's padding-free rows flatten to a new length nearly every step; padded to whole rows, a micro-batch takes one
+# of at most micro-batch shapes, and a full one is exactly the micro-batch x row length the plan was made for.
+PACKED_SHAPE_WHY = ("pad_to_multiple_of: each micro-batch flattens to whole rows of max_length tokens (the padding "
+                    "trains nothing), so it takes the shape the plan is for, and SDPA's kernel plans (built on the "
+                    "host per new shape) are reused instead of rebuilt every step.")
+
 # transformers 5 names Trainer's length-grouped sampler this way; 4.x took group_by_length=True instead.
 GROUP_BY_LENGTH = {"train_sampling_strategy": "group_by_length"}
 
@@ -161,8 +169,9 @@ def _training_arguments_lines(batch: PlannedBatch, packing: bool) -> list[str]:
     if packing:
         return lines + ["    from trl import SFTConfig  # packing is TRL's (pip install trl)",
                         "",
+                        *(f"    # {line}" for line in textwrap.wrap(PACKED_SHAPE_WHY, 100)),
                         f'    return SFTConfig(**current_names(kwargs, SFTConfig), max_length={batch.length}, '
-                        'packing=True, packing_strategy="bfd")']
+                        f'packing=True, packing_strategy="bfd", pad_to_multiple_of={batch.length})']
     return lines + ["    return TrainingArguments(**current_names(kwargs, TrainingArguments))"]
 
 
