@@ -2,7 +2,8 @@
 FLOP constant in the length (the prior prices packing's extra attention at one masked-path rate per FLOP), and what
 do the backends cost? One sequence of T tokens holding T/L rows of L tokens, masked block-diagonally and causally
 as transformers' masking_utils masks a packed row for SDPA (a (1, 1, T, T) bool mask), K and V expanded to every
-query head as transformers' sdpa_attention does under a mask; against flash attention on the rows unmasked.
+query head as transformers' sdpa_attention does under a mask; against the same rows side by side, masked (the
+padded path) and unmasked (flash attention).
 
     python benchmarks/gpu/masked_kernel.py HEADS HEAD_DIM L K1,K2,...   # on the GPU; one JSON line per case
 """
@@ -37,44 +38,49 @@ def timed(function, repeats: int = 5) -> tuple[float, float]:
     return seconds[0], sorted(seconds[1:])[repeats // 2]
 
 
-def main(heads: int, head_dim: int, length: int, ks: list[int]) -> None:
+def case(heads: int, head_dim: int, length: int, k: int) -> dict:
+    """One flattened length: the masked kernel under each backend, and the same rows side by side."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    total = k * length
+    q, key, value = (torch.randn(1, heads, total, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                     for _ in range(3))
+    mask = block_causal_mask(k, length, "cuda")
+    causal_rows = block_causal_mask(1, length, "cuda").expand(k, 1, length, length)
+    split = [t.view(1, heads, k, length, head_dim).transpose(1, 2).reshape(k, heads, length, head_dim)
+             for t in (q, key, value)]
+    everything = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                  SDPBackend.MATH]
+
+    def attention(backends, tensors, **kwargs):
+        def step():
+            with sdpa_kernel(backends):
+                F.scaled_dot_product_attention(*tensors, **kwargs).sum().backward(retain_graph=True)
+        return step
+
+    row = {"heads": heads, "head_dim": head_dim, "length": length, "k": k, "tokens": total,
+           # the full square's score and value products, forward and backward (2.5 times forward)
+           "full_square_tflop": 4 * total * total * heads * head_dim * 3.5 / 1e12}
+    steps = {"default": attention(everything, (q, key, value), attn_mask=mask),        # what packing runs
+             "efficient": attention([SDPBackend.EFFICIENT_ATTENTION], (q, key, value), attn_mask=mask),
+             "rows_masked": attention(everything, split, attn_mask=causal_rows),       # the padded, masked path
+             "rows_flash": attention([SDPBackend.FLASH_ATTENTION], split, is_causal=True)}  # unmasked rows
+    for name, step in steps.items():
+        try:
+            row[f"{name}_first_s"], row[f"{name}_s"] = timed(step)
+        except RuntimeError as error:  # a backend that refuses the case, or memory
+            row[f"{name}_error"] = str(error).splitlines()[0][:160]
+        q.grad = key.grad = value.grad = None
+    return row
+
+
+def main(heads: int, head_dim: int, length: int, ks: list[int]) -> None:
+    import torch
+
     for k in ks:
-        total = k * length
-        q, key, value = (torch.randn(1, heads, total, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                         for _ in range(3))
-        mask = block_causal_mask(k, length, "cuda")
-        full_flops = 4 * total * total * heads * head_dim * 3.5  # score and value products, forward + backward (2.5x)
-        row = {"heads": heads, "head_dim": head_dim, "length": length, "k": k, "tokens": total,
-               "full_square_tflop": full_flops / 1e12}
-
-        def masked(backends):
-            def step():
-                with sdpa_kernel(backends):
-                    F.scaled_dot_product_attention(q, key, value, attn_mask=mask).sum().backward()
-            return step
-
-        def rows_flash():
-            rows = [t.view(1, heads, k, length, head_dim).transpose(1, 2).reshape(k, heads, length, head_dim)
-                    for t in (q, key, value)]
-            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-                F.scaled_dot_product_attention(*rows, is_causal=True).sum().backward()
-
-        for name, step in (("default", masked([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
-                                               SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])),
-                           ("efficient", masked([SDPBackend.EFFICIENT_ATTENTION])),
-                           ("rows_flash", rows_flash)):
-            try:
-                first, median = timed(step)
-                row[f"{name}_first_s"], row[f"{name}_s"] = first, median
-            except RuntimeError as error:  # a backend that refuses the case, or memory
-                row[f"{name}_error"] = str(error).splitlines()[0][:160]
-            q.grad = key.grad = value.grad = None
-        print(json.dumps(row), flush=True)
-        del q, key, value, mask
+        print(json.dumps(case(heads, head_dim, length, k)), flush=True)
         torch.cuda.empty_cache()
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ftplan.core.errors import FtplanError
+from ftplan.core.errors import DoesNotFit, FtplanError
 from ftplan.core.hardware import CPU
 from ftplan.core.settings import Setting
 from ftplan.models.batching import (
@@ -171,16 +171,20 @@ class _SetupTimer:
         length = max(1, round(self.shape_at(setting, batch, accumulation).time_length))
         return self.predictor.predict(setting.with_(seq_len=length), batch, self.request.gpu).seconds_per_step.mean
 
-    def _split(self, setting: Setting, largest: int) -> tuple[int, int, int | None]:
+    def _split(self, setting: Setting, largest: int) -> tuple[int, int, int | None] | None:
         """A target global batch fixes micro-batch × accumulation; without one the largest fitting batch runs, or
         with dynamic padding, grouping and packing a clearly faster smaller one; the batch where throughput stops
-        growing is worth reporting."""
+        growing is worth reporting. None: the global batch needs accumulation, and no micro-batch of this setup
+        fits with the gradients it keeps."""
         def rows_per_second(batch: int) -> float:
             return batch * setting.world_size / self.step_seconds(setting, batch)
 
         if self.options.global_batch is not None:
+            accumulating = self._largest_accumulating(setting, largest)
+            if self.options.global_batch > largest * setting.world_size and not accumulating:
+                return None
             micro, accumulation = split_global_batch(self.options.global_batch, setting.world_size, largest,
-                                                     rows_per_second, self._largest_accumulating(setting, largest))
+                                                     rows_per_second, accumulating)
             return micro, accumulation, None
         micro = largest if self.options.strategy == "pad" else fastest_batch(largest, rows_per_second)
         return micro, 1, saturating_batch(micro, rows_per_second)
@@ -194,10 +198,14 @@ class _SetupTimer:
         best = safe_prediction(lambda batch: self.memory_at(setting, batch, 2), self.request.budget, largest)
         return best.micro_batch if best is not None else 0
 
-    def time(self, setup: SetupPlan) -> tuple[SetupPlan, SetupBatching]:
-        """The setup with its ETA from real rows and tokens, and the batching that ETA assumes."""
+    def time(self, setup: SetupPlan) -> tuple[SetupPlan, SetupBatching] | None:
+        """The setup with its ETA from real rows and tokens, and the batching that ETA assumes (None: the target
+        global batch does not fit it)."""
         setting, request = setup.setting, self.request
-        micro, accumulation, saturating = self._split(setting, setup.batch)
+        split = self._split(setting, setup.batch)
+        if split is None:
+            return None
+        micro, accumulation, saturating = split
         shape_used = self.shape_at(setting, micro, accumulation)
         per_step = self.step_seconds(setting, micro, accumulation) * accumulation
         steps = steps_to_finish(shape_used.rows, request.epochs, micro, setting.world_size, accumulation)
@@ -238,7 +246,11 @@ def plan_from_lengths(predictor: Predictor, request: PlanRequest, lengths: Itera
                              dataset_size=shape.rows)
     plan = make_plan(predictor, memory_request, [s.with_(seq_len=shape.memory_length, padding=padding) for s in extra])
     timer = _SetupTimer(predictor, request, options, limited, shape)
-    timed = [timer.time(s) for s in [*plan.ranked, *plan.too_slow]]
+    timed = [t for t in (timer.time(s) for s in [*plan.ranked, *plan.too_slow]) if t is not None]
+    if not timed:
+        raise DoesNotFit(f"no setup fits a global batch of {options.global_batch}: it needs gradient accumulation, "
+                         "and no micro-batch fits with the gradients accumulation keeps; try a smaller --global-batch "
+                         "or LoRA")
     ranked, too_slow = _rank((s for s, _ in timed), request)
     return DatasetPlan(replace(plan, request=memory_request, ranked=ranked, too_slow=too_slow), stats, limited,
                        options, {b.setting: b for _, b in timed})
