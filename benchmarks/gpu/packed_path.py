@@ -4,6 +4,7 @@ padding-free collation: position_ids restart per row, no attention mask) against
 micro-batch adds a (kL)² mask per layer and k times the masked attention (models/prior.py, packed_attention_extra).
 
     python benchmarks/gpu/packed_path.py MODEL SEQ K1,K2,...     # on the GPU; prints one JSON line per k
+    python benchmarks/gpu/packed_path.py slowdown                 # here: the flattened kernel's slowdown they imply
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 
 def step_peak(model, optimizer, batch: dict) -> tuple[int, float]:
@@ -68,5 +70,39 @@ def main(model_id: str, seq: int, ks: list[int]) -> None:
         print(json.dumps(row), flush=True)
 
 
+RESULTS = Path(__file__).parent / "results" / "packed_path_h200.jsonl"
+# Below this many rows the packed extra hides under a step's launch-bound floor (k = 4 added 0.03 s where 0.05 was
+# priced), so it says nothing of the kernel's rate.
+MIN_ROWS_FOR_SLOWDOWN = 8
+
+
+def implied_slowdowns(results: Path = RESULTS) -> list[tuple[str, int, float]]:
+    """(model, k, slowdown) per measured k >= MIN_ROWS_FOR_SLOWDOWN: the FLATTENED_MASK_SLOWDOWN that makes the
+    prior's packed extra (k² squares at the slowed masked rate, less the k rows priced) equal the measured one,
+    with the shipped H200 constants."""
+    from ftplan.core.architecture import load_architecture
+    from ftplan.core.hardware import find_gpu
+    from ftplan.core.settings import Setting
+    from ftplan.evidence.workspace import Workspace
+    from ftplan.models.prior import masked_attention_flops
+
+    gpu, predictor = find_gpu("H200"), Workspace.open("H200").predictor
+    found = []
+    for row in map(json.loads, results.read_text().splitlines()):
+        k = row["k"]
+        if k < MIN_ROWS_FOR_SLOWDOWN or row["packed_seconds"] is None:
+            continue
+        setting, constants = Setting(row["model"], seq_len=row["seq"], padding="packed"), predictor.constants_for(row["model"])
+        square = masked_attention_flops(load_architecture(row["model"]), setting) / (gpu.bf16_dense_tflops * 1e12) \
+            * (1 / constants.mfu + constants.masked_attention_cost)
+        extra = row["packed_seconds"] - row["padded_seconds"]
+        found.append((row["model"], k, (extra / square + k) / k**2))
+    return found
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), [int(k) for k in sys.argv[3].split(",")])
+    if sys.argv[1:] == ["slowdown"]:
+        for model, k, slowdown in implied_slowdowns():
+            print(f"{model} k={k}: the flattened masked kernel {slowdown:.3f}x the padded masked rate per FLOP")
+    else:
+        main(sys.argv[1], int(sys.argv[2]), [int(k) for k in sys.argv[3].split(",")])

@@ -217,6 +217,15 @@ def logit_elements_per_sample(arch: Architecture, setting: Setting) -> int:
     return 0 if setting.liger or setting.trl_lm_head else setting.seq_len * arch.vocab
 
 
+# How much slower per FLOP SDPA's masked kernel runs one flattened packed sequence than a padded batch of its rows:
+# the packed step time TRL's padding-free collation adds at k = 8 rows, over the same rows padded and masked, on the
+# H200 implies 1.09 (Qwen2.5-0.5B at 2,048 tokens) and 1.11 (Llama-3.2-1B at 1,024) with the shipped constants
+# (`python benchmarks/gpu/packed_path.py slowdown`); smaller k hide it under the launch-bound floor. Held out, the
+# H100's packed rehearsals through TRL's SFTTrainer (benchmarks/gpu/emitted_runs.py replay) imply 1.18 between 11
+# and 12 rows.
+FLATTENED_MASK_SLOWDOWN = 1.10
+
+
 def packed_attention_extra(arch: Architecture, setting: Setting, batch: int) -> tuple[float, float]:
     """(bytes, masked attention FLOPs) a packed micro-batch of `batch` rows costs beyond its rows priced one by one.
 
@@ -228,13 +237,18 @@ def packed_attention_extra(arch: Architecture, setting: Setting, batch: int) -> 
     rows). On the H200 the memory packing added matched this to 1.5% at k = 2-8 on Qwen2.5-0.5B and Llama-3.2-1B
     (benchmarks/gpu/packed_path.py). Flash-attention 2 runs the rows as varlen sequences instead: nothing extra.
     Eager is not priced apart.
+
+    The FLOPs are priced at the masked path's rate, and the flattened kernel runs all k² squares of its mask
+    FLATTENED_MASK_SLOWDOWN times slower per FLOP than the padded rows' masked kernel runs their k: the FLOPs
+    returned are one row's masked attention times (slowdown · k² − k), the k already priced taken out.
     """
     if setting.padding != "packed" or not setting.masked or setting.attention != "sdpa" or batch <= 1:
         return 0.0, 0.0
     pairs = batch * (batch - 1)  # the row pairs one flattened sequence adds to the rows' own squares
     layers_holding = 1 if setting.gradient_checkpointing else arch.layers  # the recomputed layer's, or every layer's
     mask = layers_holding * setting.seq_len**2 * activation_bytes(setting) * pairs
-    return float(mask), masked_attention_flops(arch, setting) * pairs
+    squares = FLATTENED_MASK_SLOWDOWN * batch**2 - batch
+    return float(mask), masked_attention_flops(arch, setting) * squares
 
 
 def masked_path_seconds(cost: float, terms: SettingTerms, gpu: GpuSpec) -> float:
