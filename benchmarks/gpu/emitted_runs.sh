@@ -3,7 +3,7 @@
 # from the repository root, wheels carried in .whl/: the planned batch first, then lowered or grown as rehearse
 # searches (so the records also say how far the planned batch is from the largest that runs). Records go to
 # $OUT/rehearsals.jsonl, the rewritten folders (their plan.json lists every rehearsal) to $OUT/emitted.tar.gz.
-#   BUDGET=540 STEPS=20 bash benchmarks/gpu/emitted_runs.sh .bench case1 case2 ...
+#   BUDGET=540 STEPS=20 [REHEARSE_ARGS=--no-grow] bash benchmarks/gpu/emitted_runs.sh .bench case1 case2 ...
 set -uo pipefail
 # The wheels go under a path holding "site-packages": dill (datasets' fingerprints, TRL's packing) pickles any module
 # elsewhere by value and fails on pyarrow (PicklingError: MonthDayNano), as the packed rehearsal did from /tmp/site.
@@ -17,7 +17,7 @@ for name in "$@"; do
   if [ "$left" -lt 60 ]; then echo "SKIPPED (budget): $name"; continue; fi
   echo "== $(date +%T) ${left}s left: $name"
   case "$name" in *@*) python3 benchmarks/gpu/emitted_runs.py probe "$work" "${name%@*}" "${name#*@}" ;; esac
-  timeout "$left" python3 -m ftplan rehearse "$work/$name" --steps "$steps" --timeout $((left - 5)) \
+  timeout "$left" python3 -m ftplan rehearse "$work/$name" --steps "$steps" --timeout $((left - 5)) ${REHEARSE_ARGS:-} \
     --out "$OUT/rehearsals.jsonl" 2>&1 | tail -n 12
 done
 tar -czf "$OUT/emitted.tar.gz" -C "$work" "$@" 2>/dev/null
