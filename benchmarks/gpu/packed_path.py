@@ -92,7 +92,8 @@ def implied_slowdowns(results: Path = RESULTS) -> list[tuple[str, int, float]]:
         k = row["k"]
         if k < MIN_ROWS_FOR_SLOWDOWN or row["packed_seconds"] is None:
             continue
-        setting, constants = Setting(row["model"], seq_len=row["seq"], padding="packed"), predictor.constants_for(row["model"])
+        setting = Setting(row["model"], seq_len=row["seq"], padding="packed")
+        constants = predictor.constants_for(row["model"])
         square = masked_attention_flops(load_architecture(row["model"]), setting) / (gpu.bf16_dense_tflops * 1e12) \
             * (1 / constants.mfu + constants.masked_attention_cost)
         extra = row["packed_seconds"] - row["padded_seconds"]

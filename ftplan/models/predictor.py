@@ -41,8 +41,8 @@ from ftplan.models.prediction import (
 )
 from ftplan.models.prior import (
     PriorConstants,
-    accumulated_gradient_bytes,
     PriorEstimate,
+    accumulated_gradient_bytes,
     fit_constants,
     prior_estimate,
 )

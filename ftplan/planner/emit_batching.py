@@ -20,10 +20,11 @@ from ftplan.core.settings import Setting
 from ftplan.planner.dataset_plan import ALLOC_CONF_DOC, DatasetPlan
 from ftplan.planner.search import PlanRequest, SetupPlan
 
-# Why packing pads the flattened micro-batch to whole rows: SDPA's masked kernel on Hopper (cuDNN, torch 2.11) builds an
-# execution plan on the host for every new shape, 4-7 ms per layer call (benchmarks/gpu/results/packed_profile_h100.txt),
-# and TRL's padding-free rows flatten to a new length nearly every step; padded to whole rows, a micro-batch takes one
-# of at most micro-batch shapes, and a full one is exactly the micro-batch x row length the plan was made for.
+# Why packing pads the flattened micro-batch to whole rows: SDPA's masked kernel on Hopper (cuDNN, torch 2.11)
+# builds an execution plan on the host for every new shape, 4-7 ms per layer call
+# (benchmarks/gpu/results/packed_profile_h100.txt), and TRL's padding-free rows flatten to a new length nearly every
+# step; padded to whole rows, a micro-batch takes one of at most micro-batch shapes, and a full one is exactly the
+# micro-batch x row length the plan was made for (H100: 0.372 s a step before, 0.210 after).
 PACKED_SHAPE_WHY = ("pad_to_multiple_of: each micro-batch flattens to whole rows of max_length tokens (the padding "
                     "trains nothing), so it takes the shape the plan is for, and SDPA's kernel plans (built on the "
                     "host per new shape) are reused instead of rebuilt every step.")
