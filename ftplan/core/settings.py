@@ -24,6 +24,7 @@ PRECISIONS = ("bf16", "bf16-pure", "fp16", "fp32")
 # packed: TRL's padding-free collation, one flattened row whose position_ids mark the samples, padded to whole
 # packed rows (SFTConfig pad_to_multiple_of, so a micro-batch's shape repeats).
 PADDINGS = ("none", "max_length", "longest", "packed")
+DEFAULT_SEQ_LEN = 2048  # tokens per sample where none is said (plan, predict, the API)
 ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
 ZERO_STAGES = (0, 1, 2, 3)
 INTEGER_FIELDS = ("seq_len", "zero_stage", "lora_rank", "gpus", "nodes", "pad_to_multiple_of")
@@ -42,7 +43,7 @@ class Setting:
     """How a model is fine-tuned. zero_stage 0 means no DeepSpeed; lora_rank 0 means full fine-tuning."""
 
     model: str
-    seq_len: int = 2048
+    seq_len: int = DEFAULT_SEQ_LEN
     precision: str = "bf16"
     optimizer: str = "adamw_torch"
     zero_stage: int = 0

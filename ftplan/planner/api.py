@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from ftplan.core.architecture import load_architecture, run_attention
 from ftplan.core.errors import FtplanError
 from ftplan.core.recipe import check_alloc_conf
-from ftplan.core.settings import Setting
+from ftplan.core.settings import DEFAULT_SEQ_LEN, Setting
 from ftplan.core.units import GIB
 from ftplan.models.communication.estimates import estimate_overlap
 from ftplan.models.communication.layout import describe_layout
@@ -105,7 +105,8 @@ class PlanResult:
         return pd.DataFrame(rows)
 
 
-def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epochs: float = 1.0, seq_len: int = 2048,
+def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epochs: float = 1.0,
+         seq_len: int | None = None,
          gpus: int | str = 1, gpus_per_node: int = DEFAULT_GPUS_PER_NODE, step_time_cv: float | None = None,
          intra_node_bandwidth: str | None = None, inter_node_bandwidth: str | None = None,
          price_per_hour: float | None = None, max_hours: float | None = None, by: str = "time",
@@ -126,7 +127,9 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
     run will set them (attention None: sdpa, or eager where SDPA cannot compute the model's attention).
 
     With a dataset file, its own token lengths set the sample count, the longest batch (memory) and the
-    tokens per step (time); dataset_options choose the batching (dynamic padding by default).
+    tokens per step (time); dataset_options choose the batching (dynamic padding by default). seq_len (2,048
+    when None) is then, as --seq-len is, the length samples are cut at (unless dataset_options.max_length says
+    otherwise; None: none is cut) and packing's row length (unless dataset_options.pack_length says otherwise).
     """
     # Over 40 lines only by its 23-line public signature and docstring; the body is check, request, plan.
     _check_names(model=model, gpu=gpu)
@@ -139,7 +142,8 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
     check_alloc_conf(alloc_conf)
     _warn_of_unquantized_experts(model, allow)
     counts = _checked_counts(str(gpus), dataset_size, epochs, dataset)
-    options = dataset_options or DatasetOptions()
+    options = _dataset_options(dataset_options, dataset, seq_len)
+    seq_len = DEFAULT_SEQ_LEN if seq_len is None else seq_len
     base = Setting(model=model, seq_len=seq_len, padding=_run_padding(padding, dataset, options),
                    attention=run_attention(model, attention), alloc_conf=alloc_conf)
     workspace = Workspace.open(gpu, calibrations, gpu_specs, intra_node_bandwidth, inter_node_bandwidth, step_time_cv)
@@ -229,6 +233,21 @@ def _checked_counts(gpus: str, dataset_size: int | None, epochs: float, dataset:
     if dataset is not None and len(counts) > 1:
         raise FtplanError("--dataset plans one GPU count at a time; give --gpus N")
     return counts
+
+
+def _dataset_options(options: DatasetOptions | None, dataset: Path | str | None, seq_len: int | None) -> DatasetOptions:
+    """The batching options as `ftplan plan` resolves them: a given seq_len cuts the samples, and packing's rows
+    default to the sequence length; without a dataset there is nothing to batch."""
+    if dataset is None:
+        if options is not None:
+            raise FtplanError("dataset_options need a dataset: without one every sample is padded to seq_len")
+        return DatasetOptions()
+    options = options or DatasetOptions()
+    if options.strategy == "pack" and options.pack_length is None:
+        options = replace(options, pack_length=DEFAULT_SEQ_LEN if seq_len is None else seq_len)
+    if seq_len is not None and options.max_length is None:
+        options = replace(options, max_length=seq_len)
+    return options
 
 
 def _run_padding(padding: str, dataset: Path | str | None, options: DatasetOptions) -> str:

@@ -9,7 +9,7 @@ import click
 from ftplan.core.architecture import ALL_LINEAR_TARGETS, run_attention
 from ftplan.core.errors import FtplanError
 from ftplan.core.recipe import check_alloc_conf
-from ftplan.core.settings import ATTENTIONS, PADDINGS, PRECISIONS, ZERO_STAGES, Setting
+from ftplan.core.settings import ATTENTIONS, DEFAULT_SEQ_LEN, PADDINGS, PRECISIONS, ZERO_STAGES, Setting
 from ftplan.models.scaling import DEFAULT_GPUS_PER_NODE, fixed_layout, node_layout
 
 
@@ -39,7 +39,7 @@ def parse_targets(_ctx, _param, value: str) -> tuple[str, ...]:
 SETTING_OPTIONS = (
     click.option("--model", required=True,
                  help="Architecture id (see `ftplan models`), a config.json, or a local Hugging Face model folder."),
-    click.option("--seq-len", type=click.IntRange(min=1), default=2048, show_default=True, help="Tokens per sample (padded)."),
+    click.option("--seq-len", type=click.IntRange(min=1), default=DEFAULT_SEQ_LEN, show_default=True, help="Tokens per sample (padded)."),
     click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True,
                  help="bf16: mixed precision with fp32 weights and optimizer states (Trainer's bf16=True); bf16-pure: "
                       "the model loaded in bf16, 8 bytes a parameter instead of 16 (plain PyTorch, no ZeRO)."),

@@ -27,7 +27,7 @@ from ftplan.cli.render import (
     print_scaling,
 )
 from ftplan.core.errors import EXIT_DOES_NOT_FIT, DoesNotFit, FtplanError
-from ftplan.core.settings import PRECISIONS
+from ftplan.core.settings import DEFAULT_SEQ_LEN, PRECISIONS
 from ftplan.models.batching import STRATEGIES
 from ftplan.models.scaling import DEFAULT_GPUS_PER_NODE
 from ftplan.planner import advice, api
@@ -57,7 +57,7 @@ def _training(ctx: click.Context, choice: str, given: bool) -> None:
 @click.option("--dataset-size", type=int, default=None, help="Training samples per epoch (needed without --dataset).")
 @click.option("--epochs", type=FINITE_FLOAT, default=1.0, show_default=True,
               help="Passes over the dataset (fractions allowed).")
-@click.option("--seq-len", type=int, default=2048, show_default=True,
+@click.option("--seq-len", type=int, default=DEFAULT_SEQ_LEN, show_default=True,
               help="Tokens per sample (padded). With --dataset: the longest a sample may be (longer ones are "
                    "truncated or dropped, --too-long); not given, the dataset's longest sample.")
 @gpu_options
