@@ -302,9 +302,46 @@ def test_an_accumulating_plan_predicts_and_fits_memory_with_the_kept_gradients()
     kept = accumulated_gradient_bytes(load_architecture("qwen2.5-0.5b"), setting)
     assert kept == pytest.approx(494_032_768 * 4)  # every parameter's fp32 .grad
     plan = plan_from_lengths(TokenPredictor(), request, LONG_TAIL, DatasetOptions(strategy="pad", global_batch=64))
-    choice, setup = plan.recommended, plan.plan.recommended
+    setup = next(s for s in plan.plan.ranked if not s.setting.uses_deepspeed)  # DeepSpeed keeps its own buffers
+    choice = plan.setups[setup.setting]
     assert choice.accumulation > 1
     plain = TokenPredictor().predict(setup.setting, choice.micro_batch, GPU).peak_reserved.upper
     assert setup.best.peak_reserved.upper == pytest.approx(plain + kept)
     assert setup.best.peak_reserved.upper <= BUDGET.usable_bytes
     assert any("gradient accumulation keeps 1.84 GiB" in note for note in setup.best.notes)
+
+
+def test_a_batch_measured_without_accumulation_proves_no_accumulating_batch_safe():
+    """A calibration's measured peak at 16 proves 16 x 1 safe; 16 x 2 also holds the kept gradients, so it is no
+    measurement and proves nothing below them."""
+    from ftplan.models.predictor import with_accumulation
+    from ftplan.models.safe_batch import proven_batch
+
+    peak = 120 * GIB
+    measured = Prediction(Setting("qwen2.5-0.5b"), 16, GPU.name, Estimate(peak, peak), Estimate(peak, peak),
+                          Estimate(1.0, 1.1), "measured", measured_healthy=((16, peak),))
+    accumulating = with_accumulation(measured, 2)
+    assert accumulating.source == "extrapolated" and with_accumulation(measured, 1) is measured
+    assert proven_batch(measured.measured_healthy, 121 * GIB) == 16
+    assert proven_batch(accumulating.measured_healthy, 121 * GIB) is None  # 120 GiB + 1.84 kept
+
+
+def test_setups_that_fit_no_split_of_the_global_batch_are_named_not_dropped_silently():
+    """Full fine-tuning of an 8B model keeps 30 GiB of fp32 gradients through accumulation: beyond what fits
+    here, so a global batch that needs accumulation leaves those setups out, and the plan says which."""
+    class FullFineTuningNearTheCard(TokenPredictor):
+        def predict(self, setting: Setting, micro_batch: int, gpu: GpuSpec) -> Prediction:
+            linear = super().predict(setting, micro_batch, gpu)
+            if setting.lora_rank or setting.offload_optimizer:
+                return linear
+            full = linear.peak_reserved.mean + 50 * GIB  # 60 GiB static: the 30 kept GiB do not fit beside it
+            return replace(linear, peak_allocated=Estimate(full, full), peak_reserved=Estimate(full, full))
+
+    request = PlanRequest(base=Setting(model="llama-3-8b", seq_len=1000), dataset_size=1, epochs=1.0, gpu=GPU,
+                          budget=BUDGET, lora_ranks=(16,), precision="bf16")
+    plan = plan_from_lengths(FullFineTuningNearTheCard(), request, LONG_TAIL,
+                             DatasetOptions(strategy="pad", global_batch=64))
+    assert plan.left_out and all(not s.setting.lora_rank and not s.setting.uses_deepspeed for s in plan.left_out)
+    assert all(s.setting not in plan.setups for s in plan.left_out)
+    (note,) = [n for n in plan.notes if n.startswith("Left out for --global-batch")]
+    assert plan.left_out[0].label in note and "a smaller --global-batch keeps them" in note

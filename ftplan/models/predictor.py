@@ -361,16 +361,19 @@ def _same_but_padding(calibrated: Setting, wanted: Setting) -> bool:
 def with_accumulation(prediction: Prediction, accumulation: int) -> Prediction:
     """The prediction for a run that accumulates gradients over `accumulation` micro-steps: calibrations and the
     prior are at accumulation 1, and every micro-step after the first also holds the kept gradients
-    (accumulated_gradient_bytes), so both memory peaks and their bounds move up by them."""
+    (accumulated_gradient_bytes), so both memory peaks, their bounds and the measured peaks that prove a batch
+    safe move up by them; a batch measured without accumulation is a relative here, not a measurement."""
     if accumulation <= 1:
         return prediction
     kept = accumulated_gradient_bytes(cached_architecture(prediction.setting.model), prediction.setting)
     if not kept:
         return prediction
+    relative = SOURCE_EXTRAPOLATED if prediction.source in (SOURCE_MEASURED, SOURCE_INTERPOLATED) else prediction.source
     return replace(prediction, peak_allocated=_shift(prediction.peak_allocated, kept),
-                   peak_reserved=_shift(prediction.peak_reserved, kept),
+                   peak_reserved=_shift(prediction.peak_reserved, kept), source=relative,
+                   measured_healthy=tuple((batch, peak + kept) for batch, peak in prediction.measured_healthy),
                    notes=(*prediction.notes, f"gradient accumulation keeps {kept / GIB:.2f} GiB of gradients "
-                                             "through the micro-steps"))
+                                             "through the micro-steps (calibrated without accumulation)"))
 
 
 def _shift(estimate: Estimate, delta: float) -> Estimate:

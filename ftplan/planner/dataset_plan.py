@@ -105,6 +105,7 @@ class DatasetPlan:
     limited: LimitedLengths
     options: DatasetOptions
     setups: dict[Setting, SetupBatching]
+    left_out: tuple[SetupPlan, ...] = ()  # fit, but no micro-batch of the global batch fits with the kept gradients
 
     @property
     def recommended(self) -> SetupBatching | None:
@@ -113,8 +114,15 @@ class DatasetPlan:
 
     @property
     def notes(self) -> tuple[str, ...]:
-        """What the plan's numbers do not show: the allocator's growth under variable shapes on a GPU."""
-        return allocator_notes(self.options.strategy, self.plan.request.gpu.name)
+        """What the plan's numbers do not show: the allocator's growth under variable shapes on a GPU, and the
+        setups the global batch left out."""
+        notes = allocator_notes(self.options.strategy, self.plan.request.gpu.name)
+        if self.left_out:
+            notes += (f"Left out for --global-batch {self.options.global_batch}: "
+                      + "; ".join(f"{s.label} (fits micro-batch {s.batch} without accumulation)" for s in self.left_out)
+                      + ": it needs gradient accumulation, and no micro-batch of it fits with the gradients "
+                        "accumulation keeps; a smaller --global-batch keeps them.",)
+        return notes
 
 
 # The collator each batching strategy emits, as the recipe's padding (ftplan.core.recipe).
@@ -261,14 +269,15 @@ def plan_from_lengths(predictor: Predictor, request: PlanRequest, lengths: Itera
                              dataset_size=shape.rows)
     plan = make_plan(predictor, memory_request, [s.with_(seq_len=shape.memory_length, padding=padding) for s in extra])
     timer = _SetupTimer(predictor, request, options, limited, shape)
-    timed = [t for t in (timer.time(s) for s in [*plan.ranked, *plan.too_slow]) if t is not None]
+    considered = [*plan.ranked, *plan.too_slow]
+    timed = {s.setting: t for s in considered if (t := timer.time(s)) is not None}
     if not timed:
         raise DoesNotFit(f"no setup fits a global batch of {options.global_batch}: it needs gradient accumulation, "
-                         "and no micro-batch fits with the gradients accumulation keeps; try a smaller --global-batch "
-                         "or LoRA")
-    ranked, too_slow = _rank((s for s, _ in timed), request)
+                         "and no micro-batch fits with the gradients accumulation keeps; try a smaller --global-batch")
+    ranked, too_slow = _rank((s for s, _ in timed.values()), request)
     return DatasetPlan(replace(plan, request=memory_request, ranked=ranked, too_slow=too_slow), stats, limited,
-                       options, {b.setting: b for _, b in timed})
+                       options, {b.setting: b for _, b in timed.values()},
+                       tuple(s for s in considered if s.setting not in timed))
 
 
 def describe_lengths(stats: LengthStats, limited: LimitedLengths, method: str) -> list[str]:
