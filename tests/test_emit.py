@@ -79,3 +79,14 @@ def test_unwritable_emit_folder_is_one_clear_error(tmp_path):
     blocker.write_text("")
     with pytest.raises(FtplanError, match="cannot write configs"):
         _emit(blocker / "sub", Setting(model="llama-3-8b"))
+
+
+def test_a_multi_gpu_emit_succeeds_and_says_how_to_try_it_without_rehearse(tmp_path, capsys, monkeypatch):
+    """rehearse runs one GPU; a 2-GPU folder was written and then the command exited 2 asking rehearse about it."""
+    from tests.helpers import run_ftplan
+
+    out = tmp_path / "two"
+    code, stdout, stderr = run_ftplan(["plan", "--model", "qwen2.5-0.5b", "--gpu", "H100", "--gpus", "2",
+                                       "--dataset-size", "1000", "--emit", out], capsys, monkeypatch)
+    assert code == 0 and (out / "training_args.py").exists()
+    assert "`ftplan rehearse` runs one GPU; this plan uses 2" in stdout + stderr

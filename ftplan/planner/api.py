@@ -239,9 +239,11 @@ def _dataset_options(options: DatasetOptions | None, dataset: Path | str | None,
     """The batching options as `ftplan plan` resolves them: a given seq_len cuts the samples, and packing's rows
     default to the sequence length; without a dataset there is nothing to batch."""
     if dataset is None:
-        if options is not None:
+        default = DatasetOptions()
+        if options is not None and (options.strategy, options.pack_length, options.too_long, options.global_batch) != (
+                default.strategy, default.pack_length, default.too_long, default.global_batch):
             raise FtplanError("dataset_options need a dataset: without one every sample is padded to seq_len")
-        return DatasetOptions()
+        return default
     options = options or DatasetOptions()
     if options.strategy == "pack" and options.pack_length is None:
         options = replace(options, pack_length=DEFAULT_SEQ_LEN if seq_len is None else seq_len)

@@ -220,8 +220,11 @@ def _emit(emit: Path, result: api.PlanResult, label: str | None, force: bool, ca
 
 
 def _rehearse_hint(emit: Path, chosen) -> str:
-    """How to verify the folder on the GPU before the full run, and what that costs."""
+    """How to verify the folder on the GPU before the full run, and what that costs (rehearse runs one GPU)."""
     from ftplan.planner.rehearse import DEFAULT_STEPS, read_plan, rehearsal_seconds
+    if chosen.setting.world_size > 1:
+        return (f"`ftplan rehearse` runs one GPU; this plan uses {chosen.setting.world_size}: run the folder's launch "
+                "command (README.txt) for a few steps on the cluster before the full run")
     minutes = rehearsal_seconds(read_plan(emit), DEFAULT_STEPS) / 60
     return (f"verify it on the GPU before the full run: `ftplan rehearse {emit}` runs this folder unchanged for "
             f"{DEFAULT_STEPS} steps on the heaviest batches (about {minutes:.1f} GPU-minutes a run; it lowers the "
