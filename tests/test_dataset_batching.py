@@ -345,3 +345,10 @@ def test_setups_that_fit_no_split_of_the_global_batch_are_named_not_dropped_sile
     assert all(s.setting not in plan.setups for s in plan.left_out)
     (note,) = [n for n in plan.notes if n.startswith("Left out for --global-batch")]
     assert plan.left_out[0].label in note and "a smaller --global-batch keeps them" in note
+
+
+def test_split_global_batch_accumulates_more_only_for_a_clearly_faster_micro_batch():
+    nearly = {1: 1.009, 2: 1.0, 4: 1.0, 8: 1.0}  # micro-batch 1 is 0.9% faster: noise, not worth 8 micro-steps
+    assert split_global_batch(8, 1, 8, nearly.get) == (8, 1)
+    clearly = {1: 1.05, 2: 1.0, 4: 1.0, 8: 1.0}
+    assert split_global_batch(8, 1, 8, clearly.get) == (1, 8)

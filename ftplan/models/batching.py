@@ -255,7 +255,8 @@ def split_global_batch(global_batch: int, world_size: int, max_micro_batch: int,
                        rows_per_second: Callable[[int], float],
                        max_accumulating_micro_batch: int | None = None) -> tuple[int, int]:
     """(micro-batch, accumulation) with micro-batch × accumulation × GPUs = global_batch, the micro-batch at
-    most max_micro_batch (the largest that fits) and of the highest throughput; ties go to the larger batch.
+    most max_micro_batch (the largest that fits) and of the highest throughput, or the largest within FASTER_BY of
+    it: accumulating more for a fit's wiggle would cost the kept gradients' memory and update nothing sooner.
     A micro-batch that accumulates must also be at most max_accumulating_micro_batch (the largest that fits with
     the kept gradients; None: as max_micro_batch).
     """
@@ -270,7 +271,9 @@ def split_global_batch(global_batch: int, world_size: int, max_micro_batch: int,
                if per_gpu % b == 0 and (b == per_gpu or b <= accumulating)]
     if not options:
         raise FtplanError(f"no micro-batch fits for a global batch of {global_batch}")
-    best = max(options, key=lambda b: (round(rows_per_second(b), 9), b))
+    speeds = {b: rows_per_second(b) for b in options}
+    top = max(speeds.values())
+    best = max(b for b in options if speeds[b] >= top - FASTER_BY * abs(top))
     return best, per_gpu // best
 
 
