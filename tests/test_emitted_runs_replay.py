@@ -14,9 +14,8 @@ RUNS = rehearsals()
 
 def _errors(run: dict, plan: dict) -> tuple[str, float, float, float, bool]:
     """(evidence, allocated error, step-time error, how far beyond the calibrated batches, time within its bound)."""
-    accumulation = run.get("accumulation", 1)
-    memory, time = replayed(plan, run["micro_batch"], accumulation)
-    step = statistics.median(run["step_seconds"][run.get("heavy_steps", 0) + 1:]) / accumulation  # a micro-step
+    memory, time = replayed(plan, run["micro_batch"], run.get("accumulation", 1))
+    step = statistics.median(run["step_seconds"][run.get("heavy_steps", 0) + 1:])  # an optimizer step
     return (memory.source, run["peak_allocated_bytes"] / memory.peak_allocated.mean - 1, step / time.mean - 1,
             memory.extrapolation, step <= time.upper)
 

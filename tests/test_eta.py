@@ -55,3 +55,20 @@ def test_eta_command_reports_steps_time_cost_and_the_memory_verdict(tmp_path, ca
     assert not json.loads(out)["fits"]
     code, out, err = run_ftplan([a for a in base if a != "--json"] + ["--batch-size", 3], capsys, monkeypatch)
     assert "NOT safe" in out and "total time:" in out and "steps: 6,564" in out
+
+
+def test_an_accumulated_step_pays_the_optimizer_step_and_ddps_all_reduce_once():
+    """The Trainer skips DDP's all-reduce (no_sync) on micro-steps before the last, and steps the optimizer once: a
+    4-micro-step update of 4 GPUs costs 4 micro-steps of compute plus one update, not 4 of each (the ETA had charged
+    the all-reduce and the optimizer step on every micro-step). DeepSpeed reduces on every micro-step."""
+    from ftplan.core.settings import Setting
+    from ftplan.evidence.workspace import Workspace
+
+    workspace = Workspace.open("H100")
+    ddp = workspace.predict(Setting("qwen2.5-0.5b", gpus=4, liger=True), 16)
+    alone = workspace.predict(Setting("qwen2.5-0.5b", liger=True), 16)
+    assert ddp.update_seconds > alone.update_seconds > 0  # the all-reduce on top of the optimizer step
+    assert ddp.step_seconds(4) == pytest.approx(4 * ddp.seconds_per_step.mean - 3 * ddp.update_seconds)
+    assert ddp.step_seconds(1) == ddp.seconds_per_step.mean
+    offload = workspace.predict(Setting("qwen2.5-0.5b", zero_stage=2, offload_optimizer=True), 16)
+    assert offload.step_seconds(4) < 4 * offload.seconds_per_step.mean - 2 * offload.update_seconds  # CPU Adam, once

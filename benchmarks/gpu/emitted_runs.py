@@ -155,24 +155,28 @@ RESULTS = Path(__file__).parent / "results"
 
 def replayed(plan: dict, micro_batch: int, accumulation: int = 1):
     """Today's prediction for one rehearsed folder at the micro-batch and accumulation it ran (memory, seconds per
-    micro-step): memory at the planned length, with the gradients accumulation keeps; step time at the mean
+    optimizer step): memory at the planned length, with the gradients accumulation keeps; step time at the mean
     padded length of a random micro-batch of the plan's lengths (what the mixed steps feed), as `plan --dataset`
     predicts them."""
     from ftplan.core.settings import Setting
     from ftplan.evidence.workspace import Workspace
     from ftplan.models.batching import apply_limit, batching
+    from ftplan.models.prediction import Estimate
     from ftplan.models.predictor import with_accumulation
 
     setting = Setting.from_dict(plan["setting"])
     workspace = Workspace.open(plan["gpu"])
     memory = with_accumulation(workspace.predict(setting, micro_batch), accumulation)
     lengths = plan.get("lengths")
-    if not lengths:
-        return memory, memory.seconds_per_step
-    kept = apply_limit(lengths, plan.get("limit"), plan.get("too_long", "truncate")).lengths
-    pack_length = plan["length"] if plan["strategy"] == "pack" else None
-    length = max(1, round(batching(plan["strategy"], kept, micro_batch, pack_length=pack_length).time_length))
-    return memory, workspace.predict(setting.with_(seq_len=length), micro_batch).seconds_per_step
+    timing = memory
+    if lengths:
+        kept = apply_limit(lengths, plan.get("limit"), plan.get("too_long", "truncate")).lengths
+        pack_length = plan["length"] if plan["strategy"] == "pack" else None
+        length = max(1, round(batching(plan["strategy"], kept, micro_batch, pack_length=pack_length).time_length))
+        timing = workspace.predict(setting.with_(seq_len=length), micro_batch)
+    once = timing.update_seconds
+    return memory, Estimate(timing.step_seconds(accumulation),
+                            accumulation * (timing.seconds_per_step.upper - once) + once)
 
 
 # (the records, the folders' plan.json as the rehearsals left them): 2026-12-04's probes, then its grown batches
@@ -219,7 +223,7 @@ def replay() -> None:
 def _replay_row(run: dict, plan: dict) -> tuple[str, float, float, float]:
     """(evidence, allocated, reserved and step-time errors) of one rehearsal against today's prediction, printed."""
     memory, time = replayed(plan, run["micro_batch"], run.get("accumulation", 1))
-    seconds = time.mean * run.get("accumulation", 1)  # a step of the rehearsal is an optimizer step
+    seconds = time.mean  # a step of the rehearsal is an optimizer step
     mixed = run["step_seconds"][run.get("heavy_steps", 0) + 1:]  # the first step also meets its shapes first
     step = statistics.median(mixed)
     row = (run["peak_allocated_bytes"] / memory.peak_allocated.mean - 1,

@@ -426,7 +426,7 @@ def _prediction_fields(prediction) -> dict | None:
 
 
 def _prediction_text(prediction, run: _Run, capacity: int) -> str:
-    per_step = prediction.seconds_per_step.mean * run.grad_accum
+    per_step = prediction.step_seconds(run.grad_accum)
     lines = [f"ftplan prediction ({prediction.source}) for micro-batch {run.micro_batch} on {prediction.gpu}, "
              f"{run.setting().label()}:",
              f"  peak memory per GPU {prediction.peak_reserved.mean / GIB:.3g} GiB reserved "
@@ -454,7 +454,7 @@ def _comparison_text(record: dict, prediction: Prediction | str | None, out: Pat
     accum = record.get("gradient_accumulation_steps") or 1
     rows = [("peak allocated (GiB)", prediction.peak_allocated.mean / GIB, record["peak_allocated_bytes"] / GIB),
             ("peak reserved (GiB)", prediction.peak_reserved.mean / GIB, record["peak_reserved_bytes"] / GIB),
-            ("s/optimizer step", prediction.seconds_per_step.mean * accum, measured_s)]
+            ("s/optimizer step", prediction.step_seconds(accum), measured_s)]
     lines.append(f"  {'':22}{'predicted':>11}{'measured':>11}{'error':>8}")
     for name, predicted, measured in rows:
         shown, error = (f"{measured:.3g}", f"{(predicted - measured) / measured:+.0%}") if measured else ("-", "-")

@@ -38,6 +38,13 @@ class Prediction:
     measured_healthy: tuple[tuple[int, float], ...] = ()  # (batch, measured peak bytes) that ran below it
     notes: tuple[str, ...] = field(default=())
     extrapolation: float = 1.0              # batch (tokens) over the largest calibrated one, when beyond it
+    # Of seconds_per_step, what an optimizer step pays once however many micro-steps it accumulates: the optimizer
+    # step itself, and DDP's gradient all-reduce (the Trainer skips it, no_sync, on the micro-steps before the last).
+    update_seconds: float = 0.0
+
+    def step_seconds(self, accumulation: int = 1) -> float:
+        """Mean seconds of one optimizer step over `accumulation` micro-steps of this micro-batch."""
+        return accumulation * (self.seconds_per_step.mean - self.update_seconds) + self.update_seconds
 
     @property
     def evidence(self) -> str:

@@ -159,9 +159,11 @@ class Predictor:
         allocated = _shift(fit.peak_allocated(batch, fit_seq), prior.peak_allocated - base.peak_allocated)
         reserved = _shift(fit.peak_reserved(batch, fit_seq), prior.peak_reserved - base.peak_reserved)
         seconds = _transfer_time(fit.seconds_per_step(batch, fit_seq), base, prior)
+        update = seconds.mean * _optimizer_share(prior)
         notes = [evidence.note] if evidence.note else []
         if setting.world_size > 1 and evidence.setting.world_size == 1:
-            seconds = self._with_communication(setting, gpu, seconds, prior)
+            alone, seconds = seconds, self._with_communication(setting, gpu, seconds, prior)
+            update += _once_per_update(setting, seconds.mean - alone.mean)
             notes.append(self._communication_note(setting))
         exact = evidence.setting == setting and evidence.gpu == gpu
         variant = not exact and evidence.gpu == gpu and _same_but_optimizer(evidence.setting, setting)
@@ -187,15 +189,17 @@ class Predictor:
                   else SOURCE_EXTRAPOLATED)
         return Prediction(setting, batch, gpu.name, allocated, reserved, seconds, source, wall_batch=wall,
                           measured_healthy=fit.measured_healthy(seq) if exact else (), notes=tuple(notes),
-                          extrapolation=fit.allocated.extrapolation(batch, fit_seq))
+                          extrapolation=fit.allocated.extrapolation(batch, fit_seq), update_seconds=update)
 
     def _from_prior(self, setting: Setting, batch: int, gpu: GpuSpec, prior: PriorEstimate,
                     constants: PriorConstants) -> Prediction:
         seconds = Estimate(prior.seconds_per_step, prior.seconds_per_step * (1 + constants.time_margin))
+        update = prior.optimizer_seconds
         notes = [f"analytic prior, constants from {constants.scope}"
                  + (f" ({constants.n_records} records)" if constants.n_records else "")]
         if setting.world_size > 1:
-            seconds = self._with_communication(setting, gpu, seconds, prior)
+            alone, seconds = seconds, self._with_communication(setting, gpu, seconds, prior)
+            update += _once_per_update(setting, seconds.mean - alone.mean)
             notes.append(self._communication_note(setting))
         allocated = Estimate(prior.peak_allocated, prior.peak_allocated * (1 + constants.memory_margin))
         _, margin, worst = constants.fragmentation_of(setting)
@@ -203,7 +207,8 @@ class Predictor:
         # with the most cache seen at small batches
         reserved = Estimate(prior.peak_reserved, max(prior.peak_reserved * (1 + margin), allocated.upper * worst,
                                                      allocated.upper + constants.cached_bytes))
-        return Prediction(setting, batch, gpu.name, allocated, reserved, seconds, SOURCE_PRIOR, notes=tuple(notes))
+        return Prediction(setting, batch, gpu.name, allocated, reserved, seconds, SOURCE_PRIOR, notes=tuple(notes),
+                          update_seconds=update)
 
     def _evidence(self, setting: Setting, gpu: GpuSpec) -> _Evidence | None:
         """The closest calibrated fit: this GPU first, then any GPU; this setting, then its relatives."""
@@ -378,6 +383,17 @@ def with_accumulation(prediction: Prediction, accumulation: int) -> Prediction:
 
 def _shift(estimate: Estimate, delta: float) -> Estimate:
     return replace(estimate, mean=estimate.mean + delta, upper=estimate.upper + delta)
+
+
+def _optimizer_share(prior: PriorEstimate) -> float:
+    """The optimizer step's share of the prior's step time, which a measured step time is split by."""
+    return prior.optimizer_seconds / prior.seconds_per_step if prior.seconds_per_step > 0 else 0.0
+
+
+def _once_per_update(setting: Setting, communication: float) -> float:
+    """The communication an optimizer step pays once: DDP's all-reduce runs on the last micro-step only (the
+    Trainer's no_sync before it); DeepSpeed's ZeRO reduces and moves gradients on every micro-step."""
+    return 0.0 if setting.uses_deepspeed else communication
 
 
 def _transfer_time(measured: Estimate, base: PriorEstimate, target: PriorEstimate) -> Estimate:

@@ -190,9 +190,11 @@ class _SetupTimer:
         return self.cache[key]
 
     def step_seconds(self, setting: Setting, batch: int, accumulation: int = 1) -> float:
-        """Time follows the mean padded length of a micro-batch, not the longest one memory is planned at."""
+        """Seconds of one optimizer step of `accumulation` micro-batches. Time follows the mean padded length of a
+        micro-batch, not the longest one memory is planned at."""
         length = max(1, round(self.shape_at(setting, batch, accumulation).time_length))
-        return self.predictor.predict(setting.with_(seq_len=length), batch, self.request.gpu).seconds_per_step.mean
+        prediction = self.predictor.predict(setting.with_(seq_len=length), batch, self.request.gpu)
+        return prediction.step_seconds(accumulation)
 
     def _split(self, setting: Setting, largest: int) -> tuple[int, int, int | None] | None:
         """A target global batch fixes micro-batch × accumulation; without one the largest fitting batch runs, or
@@ -206,8 +208,14 @@ class _SetupTimer:
             accumulating = self._largest_accumulating(setting, largest)
             if self.options.global_batch > largest * setting.world_size and not accumulating:
                 return None
+            per_gpu = max(1, self.options.global_batch // setting.world_size)
+
+            def split_rows_per_second(batch: int) -> float:  # the optimizer step's update is paid once per split
+                accumulation = max(1, per_gpu // batch)
+                return batch * accumulation * setting.world_size / self.step_seconds(setting, batch, accumulation)
+
             micro, accumulation = split_global_batch(self.options.global_batch, setting.world_size, largest,
-                                                     rows_per_second, accumulating)
+                                                     split_rows_per_second, accumulating)
             return micro, accumulation, None
         micro = largest if self.options.strategy == "pad" else fastest_batch(largest, rows_per_second)
         return micro, 1, saturating_batch(micro, rows_per_second)
@@ -230,14 +238,14 @@ class _SetupTimer:
             return None
         micro, accumulation, saturating = split
         shape_used = self.shape_at(setting, micro, accumulation)
-        per_step = self.step_seconds(setting, micro, accumulation) * accumulation
+        per_step = self.step_seconds(setting, micro, accumulation)
         steps = steps_to_finish(shape_used.rows, request.epochs, micro, setting.world_size, accumulation)
         total = steps * per_step
         price = request.price_per_gpu_hour
         eta = Eta(steps, per_step, total, None if price is None else total / 3600 * price * setting.world_size)
         best = self.memory_at(setting, micro, accumulation)
         chosen = SetupBatching(setting, micro, accumulation, shape_used, setup.batch, saturating,
-                               micro * setting.world_size / self.step_seconds(setting, micro, accumulation))
+                               micro * accumulation * setting.world_size / per_step)
         return replace(setup, best=best, eta=eta), chosen
 
 
