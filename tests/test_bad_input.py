@@ -132,4 +132,4 @@ def test_a_gpu_spec_too_large_to_be_a_card_is_refused(tmp_path, capsys, monkeypa
 def test_dataset_batching_options_without_a_dataset_are_refused_not_ignored(capsys, monkeypatch):
     code, _, err = run_ftplan(["plan", "--model", "llama-3-8b", "--gpu", "H200", "--dataset-size", "100",
                                "--global-batch", "64"], capsys, monkeypatch)
-    _assert_one_line_error(code, err, "--global-batch need --dataset")
+    _assert_one_line_error(code, err, "--global-batch needs --dataset")

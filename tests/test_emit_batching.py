@@ -102,6 +102,21 @@ def test_dynamic_padding_pads_each_micro_batch_to_its_longest_and_labels_with_mi
     assert batch["labels"][0].tolist() == [1, 1, 1] + [-100] * 4
 
 
+def test_the_emitted_collator_pads_with_eos_where_the_tokenizer_has_no_pad_token(tmp_path):
+    """Llama 3's tokenizer has no pad token, and DataCollatorForSeq2Seq refused to pad a user's batch with it."""
+    pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    _emit(tmp_path, "dynamic")
+    words = Tokenizer(models.WordLevel({"<eos>": 0, "a": 1}, unk_token="<eos>"))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, eos_token="<eos>")
+    assert tokenizer.pad_token is None
+    features = [{"input_ids": [1] * n, "labels": [1] * n} for n in (3, 5)]
+    batch = _module(tmp_path).data_collator(tokenizer)(features)
+    assert batch["input_ids"][0].tolist() == [1, 1, 1, 0, 0] and batch["labels"][0].tolist()[3:] == [-100, -100]
+
+
 @pytest.mark.parametrize("alloc_conf", ["expandable_segments:True", ""])
 def test_the_emitted_module_sets_the_allocator_the_plan_was_made_for_before_cuda_allocates(tmp_path, alloc_conf):
     pytest.importorskip("transformers")

@@ -233,9 +233,10 @@ def _beyond_context(setting: Setting) -> list[str]:
     context = cached_architecture(setting.model).config.get("max_position_embeddings")
     if not context or setting.seq_len <= context:
         return []
+    cap = "--pack-length (a packed row's length)" if setting.padding == "packed" else "--seq-len (with --dataset too)"
     return [f"the plan's sequence length, {setting.seq_len:,} tokens, is past {setting.model}'s context of "
             f"{context:,} (max_position_embeddings): its memory and time are planned, but the model was not trained "
-            "that long; cap it with --seq-len (with --dataset too) or use a long-context variant"]
+            f"that long; cap it with {cap} or use a long-context variant"]
 
 
 def notes_for(plan: Plan) -> list[str]:

@@ -90,7 +90,9 @@ def length_limit_comment(batch: PlannedBatch) -> list[str]:
                 "as the plan did."]
     if batch.too_long == "truncate":
         return [f"# Tokenize with truncation=True, max_length={batch.limit}: the plan truncated longer samples."]
-    return [(f"# Drop samples over {batch.limit} tokens, as the plan did: "
+    tokenized = (" (SFTTrainer tokenizes text itself: tokenize first, or filter on the tokenizer's count of "
+                 "s['text'])") if batch.strategy == "pack" else ""
+    return [(f"# Drop samples over {batch.limit} tokens, as the plan did{tokenized}: "
              f"train = train.filter(lambda s: len(s['input_ids']) <= {batch.limit})")]
 
 
@@ -179,9 +181,13 @@ def _training_arguments_lines(batch: PlannedBatch, packing: bool) -> list[str]:
 def _data_collator_lines(batch: PlannedBatch) -> list[str]:
     """data_collator(tokenizer): the padded shape the planned memory rests on, with why in a comment."""
     collator, why = collator_code(batch)
+    pad_token = [] if batch.strategy == "pack" else [
+        "    if tokenizer.pad_token is None:  # Llama 3's and others' tokenizers have none; padding needs one, and the",
+        "        tokenizer.pad_token = tokenizer.eos_token  # padded positions are masked and labelled -100 anyway"]
     return ["def data_collator(tokenizer):",
             '    """The collator of the planned batching: the padded shape the planned memory rests on."""',
             *(f"    # {line}" for line in textwrap.wrap(f"{why}.", 100)),
+            *pad_token,
             f"    return {collator}"]
 
 

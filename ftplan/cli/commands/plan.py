@@ -168,7 +168,8 @@ def _dataset_options(ctx: click.Context) -> DatasetOptions:
     given = [f"--{name.replace('_strategy', '').replace('_', '-')}" for name in DATASET_ONLY
              if ctx.get_parameter_source(name) != ParameterSource.DEFAULT]
     if params["dataset"] is None and given:
-        raise click.UsageError(f"{' and '.join(given)} need --dataset: without one every sample is padded to --seq-len")
+        raise click.UsageError(f"{' and '.join(given)} {'needs' if len(given) == 1 else 'need'} --dataset: without one "
+                               "every sample is padded to --seq-len")
     seq_len, strategy = params["seq_len"], params["batching_strategy"]
     seq_len_given = ctx.get_parameter_source("seq_len") != ParameterSource.DEFAULT
     return DatasetOptions(strategy, params["pack_length"] or (seq_len if strategy == "pack" else None),
