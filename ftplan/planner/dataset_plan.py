@@ -62,15 +62,16 @@ class DatasetOptions:
     confidence: float = DEFAULT_CONFIDENCE
 
     def __post_init__(self) -> None:
-        """The API builds these from a caller's values: a bad one is a one-line error here, not a KeyError later."""
+        """The API builds these from a caller's values: a bad name or type is a one-line error here, not a KeyError
+        later (ranges are checked where they are used, as for the CLI)."""
         if self.strategy not in STRATEGIES:
             raise FtplanError(f"batching strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
         if self.too_long not in TOO_LONG:
             raise FtplanError(f"too_long must be one of {', '.join(TOO_LONG)}, got {self.too_long!r}")
         for name in ("pack_length", "max_length", "global_batch"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise FtplanError(f"{name} must be a positive integer or None, got {value!r}")
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise FtplanError(f"{name} must be a whole number or None, got {value!r}")
         if not 0 < self.confidence < 1:
             raise FtplanError(f"confidence must be between 0 and 1, got {self.confidence!r}")
 
