@@ -90,3 +90,15 @@ def test_a_multi_gpu_emit_succeeds_and_says_how_to_try_it_without_rehearse(tmp_p
                                        "--dataset-size", "1000", "--emit", out], capsys, monkeypatch)
     assert code == 0 and (out / "training_args.py").exists()
     assert "`ftplan rehearse` runs one GPU; this plan uses 2" in stdout + stderr
+
+
+def test_an_occupied_emit_folder_is_refused_before_the_plan_is_made(tmp_path, capsys, monkeypatch):
+    """The refusal came after the whole plan had printed; now it comes first, with nothing planned or written."""
+    from tests.helpers import run_ftplan
+
+    (tmp_path / "notes.txt").write_text("the user's")
+    code, stdout, stderr = run_ftplan(["plan", "--model", "qwen2.5-0.5b", "--gpu", "H200", "--dataset-size", "100",
+                                       "--emit", tmp_path],
+                                      capsys, monkeypatch)
+    assert code == 2 and "is not empty" in stderr and not stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]

@@ -289,14 +289,25 @@ def _read_manifest_texts(folder: int, names: set[str]) -> dict[str, str]:
     return texts
 
 
+def _occupied(directory: Path) -> FtplanError:
+    return FtplanError(f"{directory} is not empty; emit into a new folder, or pass --force to replace "
+                       f"the files an earlier `ftplan plan --emit` wrote there and keep the rest")
+
+
+def refuse_occupied(directory: Path, force: bool) -> None:
+    """Say before planning what writing would say after it: without --force a folder with anything in it is
+    refused (write_configs checks again as it writes, on the folder it opened)."""
+    if not force and directory.is_dir() and set(os.listdir(directory)) - {MANIFEST}:
+        raise _occupied(directory)
+
+
 def _replaceable(folder: int, directory: Path, names: set[str], force: bool) -> set[str]:
     """The files of an earlier plan that force may replace or remove: those ftplan's manifest lists with
     the content it wrote. Refuses a folder with anything in it unless forced, and, forced, any file of a
     name ftplan writes that is not such a file (the user's own README.txt) or is a symlink."""
     present = set(os.listdir(folder)) - {MANIFEST}
     if present and not force:
-        raise FtplanError(f"{directory} is not empty; emit into a new folder, or pass --force to replace "
-                          f"the files an earlier `ftplan plan --emit` wrote there and keep the rest")
+        raise _occupied(directory)
     ours = {name for name, digest in _read_manifest(folder).items()
             if name in present and _is_file_with(folder, name, digest)}
     links = sorted(n for n in set(OWN_FILES) & present if stat.S_ISLNK(os.stat(n, dir_fd=folder, follow_symlinks=False).st_mode))

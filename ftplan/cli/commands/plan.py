@@ -132,6 +132,9 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
     """Which setup finishes fastest (or cheapest) on this GPU, with its largest safe batch, ETA and cost;
     with several GPU counts, how full and LoRA fine-tuning scale and which count to use."""
     options = _dataset_options(click.get_current_context())
+    if emit is not None:
+        from ftplan.planner.emit import refuse_occupied
+        refuse_occupied(emit, force)
     with _warnings_kept() as caught:
         result = api.plan(model, dataset_size, gpu_name, epochs=epochs, seq_len=seq_len, gpus=gpus,
                           gpus_per_node=gpus_per_node, step_time_cv=step_time_cv, intra_node_bandwidth=intra_node_bandwidth,
