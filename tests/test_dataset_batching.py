@@ -352,3 +352,11 @@ def test_split_global_batch_accumulates_more_only_for_a_clearly_faster_micro_bat
     assert split_global_batch(8, 1, 8, nearly.get) == (8, 1)
     clearly = {1: 1.05, 2: 1.0, 4: 1.0, 8: 1.0}
     assert split_global_batch(8, 1, 8, clearly.get) == (1, 8)
+
+
+def test_a_limit_that_loses_much_of_the_data_is_said_as_a_warning():
+    lengths = np.array([100] * 9 + [1000])
+    stats = LengthStats.of(lengths)
+    assert not any(line.startswith("attention:") for line in describe_lengths(stats, apply_limit(lengths, 900), "ids"))
+    lines = describe_lengths(stats, apply_limit(lengths, 50), "ids")  # 1,400 of 1,900 tokens cut
+    assert lines[-1].startswith("attention: the limit loses 74% of the dataset's tokens")

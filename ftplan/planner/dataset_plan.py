@@ -289,6 +289,10 @@ def plan_from_lengths(predictor: Predictor, request: PlanRequest, lengths: Itera
                        tuple(s for s in considered if s.setting not in timed))
 
 
+# A length limit that loses more of the tokens than this is said as a warning, not as a count among the stats.
+MUCH_LOST = 0.10
+
+
 def describe_lengths(stats: LengthStats, limited: LimitedLengths, method: str) -> list[str]:
     """The length distribution and what the limit did, as printed before the plan."""
     pct = ", ".join(f"p{p} {v:,.0f}" for p, v in stats.percentiles.items())
@@ -298,6 +302,10 @@ def describe_lengths(stats: LengthStats, limited: LimitedLengths, method: str) -
         done = "truncated to" if limited.too_long == "truncate" else "dropped, as over"
         lines.append(f"{limited.over:,} samples are longer than {limited.limit:,} tokens: {done} {limited.limit:,} "
                      f"({limited.tokens_lost:,} tokens lost; --too-long chooses truncate or drop).")
+        lost = limited.tokens_lost / stats.total_tokens
+        if lost > MUCH_LOST:
+            lines.append(f"attention: the limit loses {lost:.0%} of the dataset's tokens: the plan trains on the rest; "
+                         "a longer --seq-len (or --pack-length) keeps more")
     return lines
 
 
