@@ -83,3 +83,23 @@ def test_full_and_lora_together_are_refused_and_each_alone_sets_what_is_recommen
         code, out, _ = run_ftplan([*base, flag, "--json"], capsys, monkeypatch)
         assert code == 0
         assert (json.loads(out)["recommendation"]["setting"]["lora_rank"] == 0) == full
+
+
+def test_with_a_dataset_seq_len_cuts_only_when_given_and_the_api_agrees(tmp_path, capsys, monkeypatch):
+    """--seq-len not given: memory is planned at the dataset's longest sample; given: samples are cut at it. The
+    API takes seq_len=None for the first (it once cut every dataset at its 2,048 default)."""
+    import json
+
+    import ftplan
+    from tests.helpers import run_ftplan
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": [1] * n}) + "\n" for n in [10] * 40 + [3000]))
+    base = ["plan", "--model", "qwen2.5-0.5b", "--gpu", "H200", "--dataset", data, "--ids-field", "input_ids"]
+    code, stdout, _ = run_ftplan(base, capsys, monkeypatch)
+    assert code == 0 and "× 3,000 tokens" in stdout
+    code, stdout, _ = run_ftplan([*base, "--seq-len", "2048"], capsys, monkeypatch)
+    assert code == 0 and "1 samples are longer than 2,048 tokens" in stdout
+    whole = ftplan.plan(model="qwen2.5-0.5b", dataset=data, ids_field="input_ids").to_dict()["dataset"]
+    cut = ftplan.plan(model="qwen2.5-0.5b", dataset=data, ids_field="input_ids", seq_len=2048).to_dict()["dataset"]
+    assert (whole["recommended"]["memory_length"], cut["recommended"]["memory_length"]) == (3000, 2048)

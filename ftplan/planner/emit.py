@@ -297,7 +297,11 @@ def _occupied(directory: Path) -> FtplanError:
 def refuse_occupied(directory: Path, force: bool) -> None:
     """Say before planning what writing would say after it: without --force a folder with anything in it is
     refused (write_configs checks again as it writes, on the folder it opened)."""
-    if not force and directory.is_dir() and set(os.listdir(directory)) - {MANIFEST}:
+    try:
+        occupied = not force and directory.is_dir() and bool(set(os.listdir(directory)) - {MANIFEST})
+    except OSError:  # unreadable: write_configs says so as it opens the folder
+        return
+    if occupied:
         raise _occupied(directory)
 
 

@@ -131,7 +131,10 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
             padding: str = "max_length", alloc_conf: str = "") -> None:
     """Which setup finishes fastest (or cheapest) on this GPU, with its largest safe batch, ETA and cost;
     with several GPU counts, how full and LoRA fine-tuning scale and which count to use."""
-    options = _dataset_options(click.get_current_context())
+    ctx = click.get_current_context()
+    options = _dataset_options(ctx)
+    if dataset is not None and ctx.get_parameter_source("seq_len") == ParameterSource.DEFAULT:
+        seq_len = None  # with a dataset, not given: its longest sample (options carry the pack length)
     if emit is not None:
         from ftplan.planner.emit import refuse_occupied
         refuse_occupied(emit, force)
