@@ -98,7 +98,6 @@ def test_an_occupied_emit_folder_is_refused_before_the_plan_is_made(tmp_path, ca
 
     (tmp_path / "notes.txt").write_text("the user's")
     code, stdout, stderr = run_ftplan(["plan", "--model", "qwen2.5-0.5b", "--gpu", "H200", "--dataset-size", "100",
-                                       "--emit", tmp_path],
-                                      capsys, monkeypatch)
+                                       "--emit", tmp_path], capsys, monkeypatch)
     assert code == 2 and "is not empty" in stderr and not stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
