@@ -22,9 +22,15 @@ ARGS = ("calibrate", "--model", "tiny-llama", "--device", "cpu", "--seq-len", "6
 ALL_TRIALS = 6
 
 
+def _as_a_foreground_job() -> None:
+    """Ctrl-C reaches a foreground job: a shell's background job (pytest run with `&`) passes SIGINT on ignored,
+    and the calibration would rightly ignore the test's SIGINT too."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(out: Path, starts_log: Path, *extra: str, sleep: float = 0.4, **behaviour) -> subprocess.Popen:
     env = {**os.environ, "FAKE_TRIAL": json.dumps({"sleep": sleep, "log": str(starts_log), **behaviour})}
-    return subprocess.Popen([*FTPLAN, *ARGS, "--out", str(out), *extra], env=env,
+    return subprocess.Popen([*FTPLAN, *ARGS, "--out", str(out), *extra], env=env, preexec_fn=_as_a_foreground_job,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
