@@ -161,7 +161,6 @@ def replayed(plan: dict, micro_batch: int, accumulation: int = 1):
     from ftplan.core.settings import Setting
     from ftplan.evidence.workspace import Workspace
     from ftplan.models.batching import apply_limit, batching
-    from ftplan.models.prediction import Estimate
     from ftplan.models.predictor import with_accumulation
 
     setting = Setting.from_dict(plan["setting"])
@@ -174,9 +173,7 @@ def replayed(plan: dict, micro_batch: int, accumulation: int = 1):
         pack_length = plan["length"] if plan["strategy"] == "pack" else None
         length = max(1, round(batching(plan["strategy"], kept, micro_batch, pack_length=pack_length).time_length))
         timing = workspace.predict(setting.with_(seq_len=length), micro_batch)
-    once = timing.update_seconds
-    return memory, Estimate(timing.step_seconds(accumulation),
-                            accumulation * (timing.seconds_per_step.upper - once) + once)
+    return memory, timing.optimizer_step(accumulation)
 
 
 # (the records, the folders' plan.json as the rehearsals left them): 2026-12-04's probes, then its grown batches

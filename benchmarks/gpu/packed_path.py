@@ -84,7 +84,7 @@ def implied_slowdowns(results: Path = RESULTS) -> list[tuple[str, int, float]]:
     from ftplan.core.hardware import find_gpu
     from ftplan.core.settings import Setting
     from ftplan.evidence.workspace import Workspace
-    from ftplan.models.prior import masked_attention_flops
+    from ftplan.models.prior import ComputeRate, masked_attention_flops
 
     gpu, predictor = find_gpu("H200"), Workspace.open("H200").predictor
     found = []
@@ -94,8 +94,8 @@ def implied_slowdowns(results: Path = RESULTS) -> list[tuple[str, int, float]]:
             continue
         setting = Setting(row["model"], seq_len=row["seq"], padding="packed")
         constants = predictor.constants_for(row["model"])
-        square = masked_attention_flops(load_architecture(row["model"]), setting) / (gpu.bf16_dense_tflops * 1e12) \
-            * (1 / constants.mfu + constants.masked_attention_cost)
+        rate = ComputeRate(constants.mfu, constants.loss_bytes_per_logit, 0, constants.masked_attention_cost)
+        square = rate.packed_seconds(masked_attention_flops(load_architecture(row["model"]), setting), gpu)
         extra = row["packed_seconds"] - row["padded_seconds"]
         found.append((row["model"], k, (extra / square + k) / k**2))
     return found

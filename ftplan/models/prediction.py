@@ -42,9 +42,15 @@ class Prediction:
     # step itself, and DDP's gradient all-reduce (the Trainer skips it, no_sync, on the micro-steps before the last).
     update_seconds: float = 0.0
 
+    def optimizer_step(self, accumulation: int = 1) -> Estimate:
+        """Seconds of one optimizer step over `accumulation` micro-steps of this micro-batch, mean and bound."""
+        once = self.update_seconds
+        return Estimate(accumulation * (self.seconds_per_step.mean - once) + once,
+                        accumulation * (self.seconds_per_step.upper - once) + once)
+
     def step_seconds(self, accumulation: int = 1) -> float:
         """Mean seconds of one optimizer step over `accumulation` micro-steps of this micro-batch."""
-        return accumulation * (self.seconds_per_step.mean - self.update_seconds) + self.update_seconds
+        return self.optimizer_step(accumulation).mean
 
     @property
     def evidence(self) -> str:

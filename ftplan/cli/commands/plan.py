@@ -134,7 +134,7 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
     ctx = click.get_current_context()
     options = _dataset_options(ctx)
     if dataset is not None and ctx.get_parameter_source("seq_len") == ParameterSource.DEFAULT:
-        seq_len = None  # with a dataset, not given: its longest sample (options carry the pack length)
+        seq_len = None  # with a dataset, not given: its longest sample (the API resolves the limit and pack length)
     if emit is not None:
         from ftplan.planner.emit import refuse_occupied
         refuse_occupied(emit, force)
@@ -176,10 +176,8 @@ def _dataset_options(ctx: click.Context) -> DatasetOptions:
     if params["dataset"] is None and given:
         raise click.UsageError(f"{' and '.join(given)} {'needs' if len(given) == 1 else 'need'} --dataset: without one "
                                "every sample is padded to --seq-len")
-    seq_len, strategy = params["seq_len"], params["batching_strategy"]
-    seq_len_given = ctx.get_parameter_source("seq_len") != ParameterSource.DEFAULT
-    return DatasetOptions(strategy, params["pack_length"] or (seq_len if strategy == "pack" else None),
-                          seq_len if seq_len_given else None, params["too_long"], params["global_batch"])
+    return DatasetOptions(params["batching_strategy"], params["pack_length"], None, params["too_long"],
+                          params["global_batch"])
 
 
 @contextlib.contextmanager
