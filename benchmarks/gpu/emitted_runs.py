@@ -191,6 +191,11 @@ PACKED_REHEARSALS = ((RESULTS / "emitted_runs_pack_h100.jsonl", RESULTS / "emitt
 # bash benchmarks/gpu/emitted_runs.sh .gpu100c qwen05-full-pack qwen05-full-pack@11 ...`).
 WHOLE_ROW_REHEARSALS = ((RESULTS / "emitted_runs_pack_whole_rows_h100.jsonl",
                          RESULTS / "emitted_runs_pack_whole_rows_h100"),)
+# 2026-12-07, one H100 80GB HBM3 (driver 580.159.04; torch 2.11.0+cu130, transformers 5.17.0): eight folders
+# planned for the H100 from the H200's records (`prepare .gpuboth/H100 H100`), each rehearsed once unchanged at its
+# planned batch for 20 steps (`WHEELS=.whl STEPS=20 REHEARSE_ARGS=--no-grow bash benchmarks/gpu/emitted_runs.sh
+# .gpuboth/H100 llama8b-liger-lora-dyn qwen3-full-pad ...`): time carried across cards by the datasheet.
+H100_REHEARSALS = ((RESULTS / "emitted_runs_h100_2026-12-07.jsonl", RESULTS / "emitted_runs_h100_2026-12-07"),)
 
 
 def rehearsals(sources=REHEARSALS) -> list[tuple[dict, dict]]:
@@ -204,7 +209,8 @@ def replay() -> None:
     """Every rehearsal (probes and grown batches too) against what the shipped records predict for it now:
     held-out, end-to-end measurements (no rehearsal is in the package's records); the H200's, then packing's."""
     for title, sources in (("H200", REHEARSALS), ("packed, H100, a new flattened length every step", PACKED_REHEARSALS),
-                           ("packed, H100, padded to whole rows", WHOLE_ROW_REHEARSALS)):
+                           ("packed, H100, padded to whole rows", WHOLE_ROW_REHEARSALS),
+                           ("H100, planned from the H200's records", H100_REHEARSALS)):
         print(f"{title}:\n{'run':28} {'batch':>8} {'evidence':>13} {'alloc err':>9} {'resv err':>8} {'s/step':>7} "
               f"{'pred':>6} {'err':>6}")
         errors = [_replay_row(run, plan) for run, plan in rehearsals(sources) if run.get("status") == "ok"]
