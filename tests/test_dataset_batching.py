@@ -232,10 +232,17 @@ def test_global_batch_is_micro_batch_times_accumulation():
 def test_variable_shapes_on_a_gpu_note_the_allocators_growth_and_keep_the_safe_batch(strategy):
     plan = _plan(strategy)
     (note,) = plan.notes
-    assert "1.8×" in note and "expandable_segments:True" in note and "Not yet shown to cause OOM" in note
-    assert "dataset_memory_h200_2026-12-03.txt" in note
+    assert "1.8×" in note and "expandable_segments:True" in note and "6.7%" in note
+    assert "dataset_memory_h200_2026-12-03.txt" in note and "emitted_runs_h100_2026-12-07.jsonl" in note
     assert plan.plan.recommended.batch == LARGEST  # the note changes no bound
     assert dataset_plan_to_dict(plan, [])["notes"] == [note]
+
+
+def test_variable_shapes_under_expandable_segments_get_no_advice_to_set_them():
+    from ftplan.planner.dataset_plan import allocator_notes
+
+    assert allocator_notes("dynamic", GPU.name)
+    assert not allocator_notes("dynamic", GPU.name, "expandable_segments:True,garbage_collection_threshold:0.8")
 
 
 @pytest.mark.parametrize("strategy, gpu", [("pad", GPU), ("pack", GPU), ("dynamic", GpuSpec(CPU, 80, 1, 40))])

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from benchmarks.gpu.emitted_runs import H100_REHEARSALS, PACKED_REHEARSALS, WHOLE_ROW_REHEARSALS, rehearsals, replayed
+from benchmarks.gpu.emitted_runs import H100_GROWN, H100_REHEARSALS, PACKED_REHEARSALS, WHOLE_ROW_REHEARSALS, rehearsals, replayed
 
 RUNS = rehearsals()
 
@@ -135,3 +135,24 @@ def test_h100_plans_from_the_h200s_records_ran_within_their_bounds():
         assert run["peak_reserved_bytes"] <= memory.peak_reserved.upper, run["emit_dir"]
         *_, step_error, _beyond, inside = _errors(run, plan)
         assert inside and step_error > -0.05, (run["emit_dir"], step_error)
+
+
+def test_h100_plans_from_the_h200s_records_reach_the_largest_batch_that_ran_there():
+    """The same recipe on a card of the same compute capability keeps the fit's memory bound (it had taken the
+    prior's 30% error): the H100's planned batch never exceeds the largest that ran inside its usable memory and is
+    within one batch of it (first planned 2 where 4 ran for Qwen3-1.7B full, 4 where 6 ran for Gemma-3-1B LoRA)."""
+    from ftplan.core.settings import Setting
+    from ftplan.evidence.workspace import Workspace
+    from ftplan.planner.search import safe_prediction
+
+    workspace = Workspace.open("H100")
+    largest: dict[str, tuple[dict, int]] = {}
+    for run, plan in rehearsals(H100_GROWN):
+        safe = run["status"] == "ok" and run["peak_reserved_bytes"] <= plan["usable_bytes"]
+        _, best = largest.get(run["emit_dir"], (plan, 0))
+        largest[run["emit_dir"]] = (plan, max(best, run["micro_batch"] if safe else 0))
+    assert len(largest) >= 7
+    for name, (plan, ran) in largest.items():
+        setting = Setting.from_dict(plan["setting"])
+        planned = safe_prediction(lambda batch: workspace.predict(setting, batch), workspace.budget()).micro_batch
+        assert ran - 1 <= planned <= ran, (name, planned, ran)

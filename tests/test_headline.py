@@ -73,3 +73,11 @@ def test_a_batch_that_leaves_only_a_few_optimizer_steps_is_said_and_a_long_run_i
     assert any(f"makes {few.recommendation.eta.steps} optimizer steps" in line for line in few.headline)
     many = api.plan("qwen2.5-0.5b", 100_000, "H200", training="full", padding="none")
     assert not any("optimizer step" in line for line in many.headline)
+
+
+def test_the_calibrated_alternative_is_of_the_winners_training_kind_where_one_was_calibrated():
+    result = api.plan("gemma-3-1b", 50000, "H100")
+    rec = result.recommendation
+    assert rec.best.source == "prior" and rec.training == "lora"
+    alternative = next(line for line in result.headline if "best calibrated alternative" in line)
+    assert "lora" in alternative.split(",")[0] and "different training" not in alternative

@@ -48,7 +48,10 @@ def test_json_ranking_is_by_time_and_batches_fit_the_budget(external, capsys, mo
     hours = [s["eta"]["hours"] for s in plan["ranked"]]
     assert hours == sorted(hours)
     assert all(planned_batch_fits(s["prediction"], plan) for s in plan["ranked"])
-    assert plan["recommendation"]["label"] == plan["ranked"][0]["label"] and plan["reasons"]
+    # the fastest, or a near tie of it with fewer moving parts (no DeepSpeed or CPU offload)
+    rec = next(s for s in plan["ranked"] if s["label"] == plan["recommendation"]["label"])
+    assert rec["eta"]["hours"] <= hours[0] * 1.05 and plan["reasons"]
+    assert rec is plan["ranked"][0] or "zero" not in rec["label"]
 
 
 def test_full_flag_recommends_full_fine_tuning_and_says_what_lora_would_trade(external, capsys, monkeypatch):

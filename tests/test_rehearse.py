@@ -92,6 +92,13 @@ def test_emit_setup_writes_the_named_ranked_setup_or_lists_them(tmp_path, capsys
     folder = emit(tmp_path, capsys, monkeypatch, "--emit-setup", "ddp full s2048 padded")
     setting = read_plan(folder)["setting"]
     assert (setting["liger"], setting["zero_stage"], setting["padding"]) == (False, 0, "max_length")
+    short = emit(tmp_path / "short", capsys, monkeypatch, "--emit-setup", "ddp full padded")  # as the table prints it
+    assert read_plan(short)["setting"] == setting
+
+
+def test_emit_setup_without_emit_is_refused(capsys, monkeypatch):
+    code, _, err = run_ftplan([*PLAN, "--emit-setup", "ddp full padded"], capsys, monkeypatch)
+    assert code == 2 and "--emit DIR" in err
 
 
 def test_emitted_module_loads_the_model_as_the_trial_does_and_uses_current_argument_names(tmp_path, capsys,

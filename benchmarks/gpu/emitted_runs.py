@@ -196,6 +196,9 @@ WHOLE_ROW_REHEARSALS = ((RESULTS / "emitted_runs_pack_whole_rows_h100.jsonl",
 # planned batch for 20 steps (`WHEELS=.whl STEPS=20 REHEARSE_ARGS=--no-grow bash benchmarks/gpu/emitted_runs.sh
 # .gpuboth/H100 llama8b-liger-lora-dyn qwen3-full-pad ...`): time carried across cards by the datasheet.
 H100_REHEARSALS = ((RESULTS / "emitted_runs_h100_2026-12-07.jsonl", RESULTS / "emitted_runs_h100_2026-12-07"),)
+# Later that day, the same H100 folders grown by rehearse (8 steps a run; `WHEELS=.whl STEPS=8 bash
+# benchmarks/gpu/emitted_runs.sh .gpuboth/H100 qwen3-full-pad ...`): the largest batch each exact config runs.
+H100_GROWN = ((RESULTS / "emitted_runs_grow_h100_2026-12-07.jsonl", RESULTS / "emitted_runs_grow_h100_2026-12-07"),)
 
 
 def rehearsals(sources=REHEARSALS) -> list[tuple[dict, dict]]:

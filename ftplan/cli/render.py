@@ -93,7 +93,7 @@ def _host_cell(setup: SetupPlan) -> str:
     return f"≥{setup.host_bytes / GIB:,.1f}" if setup.host_bytes >= 0.05 * GIB else "<0.1"
 
 
-def _short_label(label: str, seq_len: int) -> str:
+def table_label(label: str, seq_len: int) -> str:
     """A setup's label without what the table already says elsewhere (sequence length, GPU count)."""
     return " ".join(word for word in label.split() if word != f"s{seq_len}" and not GPU_WORD.fullmatch(word))
 
@@ -164,7 +164,7 @@ def _plan_cells(plan: Plan, setup: SetupPlan, rank: int, failed: dict[Setting, s
     """One setup's row, in the columns _add_plan_columns made; an arrow marks the recommendation."""
     best, eta = setup.best, setup.eta
     cells = [f"→{rank}" if setup is plan.recommended else str(rank),
-             _short_label(setup.label, plan.request.base.seq_len),
+             table_label(setup.label, plan.request.base.seq_len),
              str(setup.batch), f"{best.peak_reserved.mean / GIB:.1f} ({best.peak_reserved.upper / GIB:.1f})",
              f"{eta.seconds_per_step:.2f}", format_duration(eta.total_seconds)]
     cells += [_cost(eta)] if priced else []
@@ -367,7 +367,7 @@ def scaling_table(scaling: ScalingPlan, failed: dict[Setting, str]) -> Table:
             if advice.failed_like(Setting.from_dict(row["setting"]), failed):
                 source = "prior: trial failed"
             spend = row["cost"] if priced else row["hours"] * row["gpus"]
-            table.add_row(("→" if bold else "") + _gpus_cell(row), _short_label(row["setup"], request.base.seq_len),
+            table.add_row(("→" if bold else "") + _gpus_cell(row), table_label(row["setup"], request.base.seq_len),
                           str(row["micro_batch"]), f"{row['reserved_upper_gib']:.1f}",
                           f"{row['samples_per_second']:.1f}",
                           _number(row["speedup"], ".1f") + ("" if math.isnan(row["speedup"]) else "x"),

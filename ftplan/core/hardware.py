@@ -24,7 +24,8 @@ from ftplan.core.units import GIB
 MAX_SPEC_VALUE = 1e7  # GiB, TFLOP/s or GB/s: ten thousand times today's largest cards; beyond, arithmetic overflows
 COLUMNS = ("name", "memory_gib", "bf16_dense_tflops", "memory_bandwidth_gbs")
 OPTIONAL_NUMBER_COLUMNS = ("intra_node_gbs", "torch_total_gib")
-TEXT_COLUMNS = ("name", "aliases", "interconnect", "source", "torch_total_source")  # a name such as 4090 stays text
+TEXT_COLUMNS = ("name", "aliases", "interconnect", "source", "torch_total_source", "compute_capability",
+                "compute_capability_source")  # a name such as 4090 stays text
 MAX_SPECS_BYTES = 16 * 2**20
 
 
@@ -45,6 +46,12 @@ class GpuSpec:
     interconnect: str = ""
     source: str = ""
     torch_total_gib: float | None = None
+    compute_capability: str = ""  # CUDA's, e.g. "9.0": cards that share it run the same kernels; "" unknown
+
+    def runs_the_kernels_of(self, other: GpuSpec) -> bool:
+        """Whether this card runs the kernels `other` ran (the same CUDA compute capability), so that a run's
+        allocations (SDPA's backend, its workspaces) are the same on both."""
+        return bool(self.compute_capability) and self.compute_capability == other.compute_capability
 
     @property
     def memory_bytes(self) -> int:

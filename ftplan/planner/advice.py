@@ -188,15 +188,18 @@ def reasons(plan: Plan, training_note: bool = True) -> list[str]:
     metric = "cheapest" if plan.request.by == "cost" else "fastest"
     kind = {"any": "", "full": " full fine-tuning", "lora": " LoRA"}[plan.request.training]
     fastest = plan.fastest
+    better_measured = fastest is not rec and rec.best.source != fastest.best.source
+    why = "better-measured" if better_measured else "simpler (no DeepSpeed or CPU offload)"
     standing = (f"the {metric}{kind} setup that fits" if fastest is rec
-                else f"the best-measured{kind} setup within {NEAR_TIE:.0%} of the {metric}")
+                else f"the {'best-measured' if better_measured else 'simplest'}{kind} setup within {NEAR_TIE:.0%} "
+                     f"of the {metric}")
     lines = [f"{rec.label} is {standing}: batch {rec.batch} per GPU, "
              f"{rec.eta.steps:,} steps × {rec.eta.seconds_per_step:.2f} s = {format_duration(rec.eta.total_seconds)}"
              + (f", {rec.eta.cost:,.2f} in total" if rec.eta.cost is not None else "") + "."]
     if fastest is not rec:
         lines.append(f"{fastest.label} is predicted {format_duration(fastest.eta.total_seconds)} "
                      f"({fastest.best.source}), within the time model's {NEAR_TIE:.0%} uncertainty of this "
-                     f"({rec.best.source}): the better-measured setup is recommended.")
+                     f"({rec.best.source}): the {why} setup is recommended.")
     lines += [line for switch in SWITCHES if (line := _compare(plan, rec, switch))]
     if training_note:
         lines.append(_training_note(plan, rec))

@@ -41,7 +41,7 @@ class PlannedBatch:
     accumulation: int
     strategy: str        # pad, dynamic, group or pack (ftplan.models.batching.STRATEGIES)
     length: int          # the longest micro-batch's padded length: the sample length padded to, or the packed row
-    limit: int | None    # samples over it are truncated or dropped; None when no sample is over
+    limit: int | None    # samples over it are truncated or dropped; None when no sample of the dataset is over
     too_long: str
     from_dataset: bool
     alloc_conf: str = ""  # PYTORCH_CUDA_ALLOC_CONF of the planned recipe: what its predictions were made for
@@ -51,11 +51,12 @@ class PlannedBatch:
 
 
 def planned_batch(setup: SetupPlan, request: PlanRequest, dataset: DatasetPlan | None) -> PlannedBatch:
-    """The setup's batching: the dataset plan's choice for it, or without a dataset, samples padded to
-    --seq-len at the largest safe batch (what a plan from a sample count assumes)."""
+    """The setup's batching: the dataset plan's choice for it, or without a dataset, samples truncated and padded
+    to --seq-len at the largest safe batch (what a plan from a sample count assumes: the collator pads a longer
+    sample to its own length, not down to the plan's)."""
     choice = dataset.setups.get(setup.setting) if dataset is not None else None
     if choice is None:
-        return PlannedBatch(setup.batch, 1, "pad", request.base.seq_len, None, "truncate", False,
+        return PlannedBatch(setup.batch, 1, "pad", request.base.seq_len, request.base.seq_len, "truncate", False,
                             setup.setting.alloc_conf, setup.setting, largest_fitting=setup.batch)
     limited, strategy = dataset.limited, dataset.options.strategy
     return PlannedBatch(choice.micro_batch, choice.accumulation, strategy, choice.batching.memory_length,
@@ -89,7 +90,8 @@ def length_limit_comment(batch: PlannedBatch) -> list[str]:
         return [f"# SFTConfig(max_length={batch.limit}) truncates longer samples as it packs (best-fit decreasing), "
                 "as the plan did."]
     if batch.too_long == "truncate":
-        return [f"# Tokenize with truncation=True, max_length={batch.limit}: the plan truncated longer samples."]
+        done = "the plan truncated longer samples" if batch.from_dataset else "the plan is for samples no longer"
+        return [f"# Tokenize with truncation=True, max_length={batch.limit}: {done}."]
     tokenized = (" (SFTTrainer tokenizes text itself: tokenize first, or filter on the tokenizer's count of "
                  "s['text'])") if batch.strategy == "pack" else ""
     return [(f"# Drop samples over {batch.limit} tokens, as the plan did{tokenized}: "

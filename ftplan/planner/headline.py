@@ -34,10 +34,12 @@ COMPARED_PACKAGES = ("torch", "transformers", "peft", "deepspeed", "liger_kernel
 FEW_OPTIMIZER_STEPS = 20
 
 
-def best_calibrated(plan: Plan) -> SetupPlan | None:
-    """The fastest candidate resting on calibration: verified, measured or interpolated, else extrapolated."""
+def best_calibrated(plan: Plan, training: str | None = None) -> SetupPlan | None:
+    """The fastest candidate resting on calibration (verified, measured or interpolated, else extrapolated), of
+    this training kind ('full' or 'lora') where given."""
+    candidates = [s for s in plan.candidates if training is None or s.training == training]
     for sources in (CALIBRATED_SOURCES, (SOURCE_EXTRAPOLATED,)):
-        found = next((s for s in plan.candidates if s.best.source in sources), None)
+        found = next((s for s in candidates if s.best.source in sources), None)
         if found is not None:
             return found
     return None
@@ -99,10 +101,12 @@ def prior_winner_lines(plan: Plan, records: list[dict]) -> list[str]:
     lines = [f"{rec.label} is recommended from the analytic prior alone: it was never calibrated on "
              f"{plan.request.gpu.name}, so its batch {rec.batch} and ETA {format_duration(rec.eta.total_seconds)} "
              "are estimates, not measurements"]
-    alternative = best_calibrated(plan)
+    alternative = best_calibrated(plan, rec.training) or best_calibrated(plan)
     if alternative is not None:
+        other_kind = ("; full fine-tuning, a different training" if alternative.training == "full" else
+                      "; LoRA, a different training") if alternative.training != rec.training else ""
         lines.append(f"best calibrated alternative: {alternative.label}, batch {alternative.batch} per GPU, ETA "
-                     f"{format_duration(alternative.eta.total_seconds)} ({alternative.best.source})"
+                     f"{format_duration(alternative.eta.total_seconds)} ({alternative.best.source}{other_kind})"
                      + (f"; `--emit-setup '{alternative.label}'` emits it" if alternative is not rec else ""))
     seconds = calibration_seconds(rec, [r for r in records if r.get("gpu_name")])
     took = (f", about {_minutes(*seconds)} GPU-minutes ({len(DEFAULT_TRIAL_BATCHES) + 1}-"

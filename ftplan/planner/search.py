@@ -193,18 +193,25 @@ class Plan:
 
     @property
     def recommended(self) -> SetupPlan | None:
-        """The best of the candidates; among those within NEAR_TIE of it, the best-measured (then the first)."""
+        """The best of the candidates; among those within NEAR_TIE of it, the best-measured, then the one with
+        the fewest moving parts, then the first."""
         candidates = self.candidates
         if not candidates:
             return None
         score = (lambda s: s.eta.cost) if self.request.by == "cost" else (lambda s: s.eta.total_seconds)
         tied = [s for s in candidates if score(s) <= score(candidates[0]) * (1 + NEAR_TIE)]
-        return min(tied, key=lambda s: TRUST.get(s.best.source, len(TRUST)))
+        return min(tied, key=lambda s: (TRUST.get(s.best.source, len(TRUST)), _moving_parts(s.setting)))
 
     @property
     def fastest(self) -> SetupPlan | None:
         """The top-ranked candidate, which the recommendation passes over only for a better-measured near tie."""
         return next(iter(self.candidates), None)
+
+
+def _moving_parts(setting: Setting) -> int:
+    """What a near tie should not buy: DeepSpeed (another dependency and launcher) and CPU optimizer offload
+    (host RAM, PCIe traffic, a CPU-Adam build)."""
+    return int(setting.uses_deepspeed) + int(setting.offload_optimizer)
 
 
 def plan_setup(predictor: Predictor, setting: Setting, request: PlanRequest) -> SetupPlan:

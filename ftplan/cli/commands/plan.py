@@ -25,6 +25,7 @@ from ftplan.cli.render import (
     make_console,
     print_plan,
     print_scaling,
+    table_label,
 )
 from ftplan.core.errors import EXIT_DOES_NOT_FIT, DoesNotFit, FtplanError
 from ftplan.core.settings import DEFAULT_SEQ_LEN, PRECISIONS
@@ -117,8 +118,8 @@ def _training(ctx: click.Context, choice: str, given: bool) -> None:
               help="PYTORCH_CUDA_ALLOC_CONF the run will set (e.g. expandable_segments:True): setups are predicted "
                    "from calibrations with it, and --emit writes it.  [default: none, the allocator's default]")
 @click.option("--emit-setup", default=None, metavar="LABEL",
-              help="With --emit: write this ranked setup (its label as the table prints it, e.g. "
-                   "'ddp lora16 s2048 padded') instead of the recommendation.")
+              help="With --emit: write this ranked setup (its label as the table prints it, e.g. 'ddp lora16 "
+                   "padded', or with the sequence length, 'ddp lora16 s2048 padded') instead of the recommendation.")
 def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name: str, gpu_specs: Path | None,
             gpus: str, gpus_per_node: int, step_time_cv: float | None, intra_node_bandwidth: str | None,
             inter_node_bandwidth: str | None, price_per_hour: float | None, max_hours: float | None, by: str,
@@ -135,6 +136,8 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
     options = _dataset_options(ctx)
     if dataset is not None and ctx.get_parameter_source("seq_len") == ParameterSource.DEFAULT:
         seq_len = None  # with a dataset, not given: its longest sample (the API resolves the limit and pack length)
+    if emit_setup is not None and emit is None:
+        raise FtplanError("--emit-setup chooses the setup --emit writes: give --emit DIR too")
     if emit is not None:
         from ftplan.planner.emit import refuse_occupied
         refuse_occupied(emit, force)
@@ -244,6 +247,9 @@ def _emitted_setup(plan, label: str | None):
     if label is None:
         return plan.recommended
     chosen = next((s for s in plan.ranked if s.label == label), None)
+    if chosen is None:  # the table's label leaves out the sequence length (and GPU count) its header gives
+        short = [s for s in plan.ranked if table_label(s.label, plan.request.base.seq_len) == label]
+        chosen = short[0] if len(short) == 1 else None
     if chosen is None:
         raise FtplanError(f"--emit-setup {label!r} is not a ranked setup of this plan; ranked: "
                           f"{', '.join(repr(s.label) for s in plan.ranked) or 'none'}")
