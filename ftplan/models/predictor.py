@@ -181,8 +181,8 @@ class Predictor:
             seconds = _widened(seconds, constants.time_margin)
         elif evidence.setting == setting and gpu.runs_the_kernels_of(evidence.gpu):
             # this recipe calibrated on a card of the same compute capability: the same kernels allocate the same
-            # bytes (H200 fits carried to an H100: allocated within 0.1%, packing 3%, on 21 rehearsals up to its capacity,
-            # benchmarks/gpu/results/emitted_runs_grow_h100_2026-12-07.jsonl), so memory keeps the fit's bound;
+            # bytes (H200 fits carried to an H100: allocated within 0.1%, packing 3%, on 21 rehearsals up to its
+            # capacity, benchmarks/gpu/results/emitted_runs_*h100_2026-12-07.jsonl), so memory keeps the fit's bound;
             # time moves with the card's balance of throughput and bandwidth, which the datasheet ratio misses
             seconds = _widened(seconds, constants.time_margin)
         elif not exact:  # a relative's fit carries the prior's change: bound it by the prior's own measured error
