@@ -179,15 +179,15 @@ class Predictor:
             allocated = _widened_by(allocated, share * abs(prior.peak_allocated - base.peak_allocated))
             reserved = _widened_by(reserved, share * abs(prior.peak_reserved - base.peak_reserved))
             seconds = _widened(seconds, constants.time_margin)
-        elif evidence.setting == setting and gpu.runs_the_kernels_of(evidence.gpu):
-            # this recipe calibrated on a card of the same compute capability: the same kernels allocate the same
-            # bytes (H200 fits carried to an H100: allocated within 0.1%, packing 3%, on 21 rehearsals up to its
-            # capacity, benchmarks/gpu/results/emitted_runs_*h100_2026-12-07.jsonl), so memory keeps the fit's bound;
-            # time moves with the card's balance of throughput and bandwidth, which the datasheet ratio misses
-            seconds = _widened(seconds, constants.time_margin)
-        elif not exact:  # a relative's fit carries the prior's change: bound it by the prior's own measured error
-            allocated = _widened(allocated, constants.memory_margin)
-            reserved = _widened(reserved, constants.fragmentation_of(setting)[1])
+        elif not exact:
+            # a relative's fit carries the prior's change: bound it by the prior's own measured error; but the same
+            # recipe on a card of the same compute capability runs the same kernels, which allocate the same bytes
+            # (H200 fits carried to an H100: allocated within 0.1%, packing 3%, on 21 rehearsals up to its capacity,
+            # benchmarks/gpu/results/emitted_runs_*h100_2026-12-07.jsonl), so memory keeps the fit's bound there.
+            # Time moves with the card's balance of throughput and bandwidth, which the datasheet ratio misses.
+            if not (evidence.setting == setting and gpu.runs_the_kernels_of(evidence.gpu)):
+                allocated = _widened(allocated, constants.memory_margin)
+                reserved = _widened(reserved, constants.fragmentation_of(setting)[1])
             seconds = _widened(seconds, constants.time_margin)
         reserved = _holding(reserved, allocated)
         wall = fit.observed_limit(seq) if exact else None  # a wall belongs to one card and one setting

@@ -20,6 +20,7 @@ from ftplan.models.prediction import (
     SOURCE_PRIOR,
     SOURCE_VERIFIED,
 )
+from ftplan.planner.gpu_counts import KINDS
 from ftplan.planner.search import Plan, SetupPlan
 
 CALIBRATED_SOURCES = (SOURCE_VERIFIED, SOURCE_MEASURED, SOURCE_INTERPOLATED)
@@ -103,8 +104,8 @@ def prior_winner_lines(plan: Plan, records: list[dict]) -> list[str]:
              "are estimates, not measurements"]
     alternative = best_calibrated(plan, rec.training) or best_calibrated(plan)
     if alternative is not None:
-        other_kind = ("; full fine-tuning, a different training" if alternative.training == "full" else
-                      "; LoRA, a different training") if alternative.training != rec.training else ""
+        other_kind = (f"; {KINDS[alternative.training]}, a different training"
+                      if alternative.training != rec.training else "")
         lines.append(f"best calibrated alternative: {alternative.label}, batch {alternative.batch} per GPU, ETA "
                      f"{format_duration(alternative.eta.total_seconds)} ({alternative.best.source}{other_kind})"
                      + (f"; `--emit-setup '{alternative.label}'` emits it" if alternative is not rec else ""))
