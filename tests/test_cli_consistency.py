@@ -98,3 +98,14 @@ def test_model_takes_a_local_hugging_face_model_folder(tmp_path, capsys, monkeyp
     code, out, err = run_ftplan(["predict", "--model", folder, "--batch-size", 2, "--gpu", "H200", "--json"],
                                 capsys, monkeypatch)
     assert code == 0 and json.loads(out)["seconds_per_step"] > 0, err
+
+
+@pytest.mark.parametrize("switch", ["--liger", "--offload", "--gradient-checkpointing"])
+def test_a_switch_copied_from_a_calibrate_command_means_what_the_bare_flag_does(switch, capsys, monkeypatch):
+    base = ["predict", "--model", "qwen2.5-0.5b", "--batch-size", "2", "--zero-stage", "2", "--json"]
+    outputs = {}
+    for spelled in ([switch], [switch, "on"], [switch, "off"], []):
+        code, out, err = run_ftplan([*base, *spelled], capsys, monkeypatch)
+        assert code == 0, err
+        outputs[" ".join(spelled)] = json.loads(out)["setting"]
+    assert outputs[switch] == outputs[f"{switch} on"] != outputs[f"{switch} off"] == outputs[""]

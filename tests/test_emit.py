@@ -12,6 +12,7 @@ from ftplan.core.settings import Setting
 from ftplan.models.safe_batch import MemoryBudget
 from ftplan.planner.emit import DS_CONFIG, README, TRAINING_ARGS, write_configs
 from ftplan.planner.search import PlanRequest, plan_setup
+from ftplan.core.recipe import current_names
 from tests.helpers import FakePredictor, run_ftplan, write_external_jsonl
 
 GPU = GpuSpec("TEST-80", 80, 100, 1000)
@@ -29,7 +30,7 @@ def _training_arguments(tmp_path):
 
     kwargs = json.loads((tmp_path / TRAINING_ARGS).read_text())
     # this test machine has no GPU: bf16 needs use_cpu here; on the training machine the file runs as written
-    return kwargs, TrainingArguments(**kwargs, use_cpu=True)
+    return kwargs, TrainingArguments(**current_names(kwargs, TrainingArguments), use_cpu=True)
 
 
 def test_deepspeed_offload_setup_loads_in_training_arguments_and_validates_in_deepspeed(tmp_path, monkeypatch):

@@ -16,6 +16,7 @@ from ftplan.models.safe_batch import MemoryBudget
 from ftplan.planner.dataset_plan import DatasetOptions, plan_from_lengths
 from ftplan.planner.emit import DS_CONFIG, README, TRAINING_ARGS, TRAINING_ARGS_PY, write_configs
 from ftplan.planner.search import PlanRequest, plan_setup
+from ftplan.core.recipe import current_names
 from tests.helpers import FakePredictor, run_ftplan
 
 GPU = GpuSpec("TEST-80", 80, 100, 1000)
@@ -76,7 +77,7 @@ def test_emitted_arguments_are_the_planned_split_and_transformers_accepts_them(t
     assert (kwargs["per_device_train_batch_size"], kwargs["gradient_accumulation_steps"]) == (
         choice.micro_batch, choice.accumulation)
     # this machine has no GPU: bf16 needs use_cpu here; on the training machine the files run as written
-    args = transformers.TrainingArguments(**kwargs, use_cpu=True)
+    args = transformers.TrainingArguments(**current_names(kwargs, transformers.TrainingArguments), use_cpu=True)
     module = _module(tmp_path)
     assert module.TRAINING_ARGS == kwargs
     if strategy == "pack":  # packing is TRL's SFTConfig (a TrainingArguments subclass), which collates itself

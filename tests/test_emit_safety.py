@@ -14,6 +14,7 @@ from ftplan.core.settings import Setting
 from ftplan.models.safe_batch import MemoryBudget
 from ftplan.planner.emit import DS_CONFIG, MANIFEST, PLAN_JSON, README, TRAINING_ARGS, TRAINING_ARGS_PY, write_configs
 from ftplan.planner.search import PlanRequest, plan_setup
+from ftplan.core.recipe import current_names
 from tests.helpers import FakePredictor, run_ftplan
 
 GPU = GpuSpec("TEST-80", 80, 100, 1000)
@@ -75,7 +76,7 @@ def test_the_emitted_folder_runs_from_wherever_it_is_copied(tmp_path, monkeypatc
     kwargs = json.loads((copy / TRAINING_ARGS).read_text())
     assert kwargs["deepspeed"] == DS_CONFIG and kwargs["output_dir"] == "output"
     monkeypatch.chdir(copy)
-    args = TrainingArguments(**kwargs, use_cpu=True)  # no GPU here: bf16 needs use_cpu
+    args = TrainingArguments(**current_names(kwargs, TrainingArguments), use_cpu=True)  # no GPU here: bf16 needs use_cpu
     assert args.hf_deepspeed_config.config["zero_optimization"]["stage"] == 2
     assert "Run it from this folder" in (copy / README).read_text()
 

@@ -254,7 +254,10 @@ def probe(work: Path, name: str, micro_batch: int) -> None:
 
 
 if __name__ == "__main__":
-    {"prepare": lambda: prepare(Path(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "H200", sys.argv[4:]),
-     "report": lambda: report(Path(sys.argv[2]), Path(sys.argv[3])),
-     "replay": replay,
-     "probe": lambda: probe(Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]))}[sys.argv[1]]()
+    commands = {"prepare": lambda: prepare(Path(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "H200", sys.argv[4:]),
+                "report": lambda: report(Path(sys.argv[2]), Path(sys.argv[3])),
+                "replay": replay,
+                "probe": lambda: probe(Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]))}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands:
+        sys.exit(__doc__)
+    commands[sys.argv[1]]()

@@ -182,7 +182,8 @@ def plot_seconds(curves: list[Curves], path: Path) -> Path:
 
 def plot_completion(curves: list[Curves], dataset_size: int, epochs: float, path: Path) -> Path:
     """Hours to finish against batch, one panel per model, sequence length and card (only those runs are
-    comparable), one line per setup up to its largest safe batch, and a line at the panel's fastest."""
+    comparable), one line per setup up to its largest safe batch, and a line at the panel's fastest. Not `plan`'s
+    pick: the panel holds every calibrated padding (equal-length rows among them), plan weighs the one asked."""
     panels = completion_panels(curves)
     plt, figure, axes = _grid(max(1, len(panels)), panel=(7.0, 4.8))
     for axis, ((model, seq_len, gpu), group) in zip(axes, panels.items()):
@@ -196,7 +197,7 @@ def plot_completion(curves: list[Curves], dataset_size: int, epochs: float, path
             if best is None or hours[-1] < best[0]:
                 best = (hours[-1], c.label.replace(f" s{seq_len}", ""), safe[-1])
         axis.axhline(best[0], color="black", ls="--",
-                     label=f"plan's pick: {best[1]}, batch {best[2]}, {best[0]:.2f} h")
+                     label=f"fastest calibrated: {best[1]}, batch {best[2]}, {best[0]:.2f} h")
         axis.set_title(f"{model}, {seq_len} tokens a sample, on {gpu}", fontsize=11)
         axis.set(xlabel="micro-batch per GPU (dot: largest safe batch)", ylabel="hours to completion", ylim=(0, None))
         axis.grid(alpha=0.3)

@@ -36,6 +36,14 @@ def parse_targets(_ctx, _param, value: str) -> tuple[str, ...]:
     return targets
 
 
+def on_off_option(name: str, help_text: str):
+    """A switch given bare (`--liger`) or with a value (`--liger on`, as `calibrate` and the printed calibrate
+    commands spell it), so a flag copied from either command means the same."""
+    return click.option(name, type=click.Choice(["on", "off"]), is_flag=False, flag_value="on", default="off",
+                        show_default=True, callback=lambda _ctx, _param, value: value == "on",
+                        help=f"{help_text} Bare, or on/off.")
+
+
 SETTING_OPTIONS = (
     click.option("--model", required=True,
                  help="Architecture id (see `ftplan models`), a config.json, or a local Hugging Face model folder."),
@@ -45,14 +53,14 @@ SETTING_OPTIONS = (
                       "the model loaded in bf16, 8 bytes a parameter instead of 16 (plain PyTorch, no ZeRO)."),
     click.option("--zero-stage", type=click.Choice([str(s) for s in ZERO_STAGES]), default="0", show_default=True,
                  help="DeepSpeed ZeRO stage; 0 means no DeepSpeed."),
-    click.option("--offload", is_flag=True, help="Offload optimizer states to the CPU (needs --zero-stage 1-3)."),
-    click.option("--liger", is_flag=True, help="Liger kernels with fused linear cross-entropy."),
+    on_off_option("--offload", "Offload optimizer states to the CPU (needs --zero-stage 1-3)."),
+    on_off_option("--liger", "Liger kernels with fused linear cross-entropy."),
     click.option("--lora-rank", type=click.IntRange(min=0), default=0, show_default=True,
                  help="LoRA adapter rank; 0 means full fine-tuning."),
     click.option("--lora-targets", default=",".join(ALL_LINEAR_TARGETS), show_default=True, callback=parse_targets,
                  help="Modules that get LoRA adapters."),
-    click.option("--gradient-checkpointing", is_flag=True,
-                 help="Recompute activations during backward: far less activation memory, about a third more compute."),
+    on_off_option("--gradient-checkpointing",
+                  "Recompute activations during backward: far less activation memory, about a third more compute."),
     click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True,
                  help="GPUs in all (as in `ftplan plan`), spread evenly over nodes of at most --gpus-per-node."),
     click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
