@@ -7,7 +7,7 @@ models/activations.py:
   optimizer step = resident states + all gradients + step temporaries
 so the curve in batch is convex and piecewise linear. Time is a per-step overhead, plus per sample
 the matmul FLOPs over the GPU's bf16 dense throughput × MFU and the unfused loss's logit traffic
-over its memory bandwidth (`ComputeRate`), plus the optimizer step (GPU: memory-bandwidth bound;
+and eager attention's score traffic over its memory bandwidth (`ComputeRate`), plus the optimizer step (GPU: memory-bandwidth bound;
 offloaded: CPU Adam).
 
 Where calibration records exist, `fit_constants` learns the free constants from them (a scale on
@@ -172,8 +172,42 @@ def zero3_buffer_bytes(arch: Architecture, setting: Setting) -> float:
 
 def _attention_forward_flops(arch: Architecture, setting: Setting) -> float:
     """Causal attention's score and value products of one sample's forward: 2·seq·q_width per token per
-    layer (half of the full square)."""
-    return 2 * setting.seq_len * arch.heads * arch.head_dim * arch.layers * setting.seq_len
+    layer (half of the full square, which flash and SDPA's kernels skip); eager attention multiplies the full
+    square and masks it after, twice that."""
+    square = 2 if setting.attention == "eager" else 1
+    return square * 2 * setting.seq_len * arch.heads * arch.head_dim * arch.layers * setting.seq_len
+
+
+# Bytes each element of eager attention's (batch, heads, seq, seq) scores moves through memory, counted op by op in
+# transformers' eager_attention_forward (llama's; gemma2's adds the softcap): forward, the QK product writes the
+# scores in bf16 (2), the scaling multiply reads and writes them (4), the mask add (4), softmax's fp32 upcast
+# (2 + 4), softmax (4 + 4), the downcast (4 + 2), the PV product reads them (2): 32. Backward: the PV product's
+# gradient writes dP and its weight gradient reads P (4), the downcast's and upcast's gradients (6 + 6), softmax's
+# backward reads the gradient and the output and writes in fp32 (12), the scaling's (4), the QK product's two
+# gradients read dS (4): 36. Softcapping (divide, tanh, multiply) adds 12 forward and 14 backward (tanh's gradient
+# reads its output too). Dropout at p = 0 runs nothing. tests/test_eager_traffic.py recounts it through torch's
+# dispatcher on the installed transformers. Gradient checkpointing runs the forward twice.
+EAGER_FORWARD_BYTES_PER_SCORE = 32
+EAGER_BACKWARD_BYTES_PER_SCORE = 36
+SOFTCAP_FORWARD_BYTES_PER_SCORE = 12
+SOFTCAP_BACKWARD_BYTES_PER_SCORE = 14
+
+
+def eager_attention_bytes(arch: Architecture, setting: Setting) -> float:
+    """Memory traffic of one sample's eager attention scores: elementwise passes over layers · heads · seq²
+    elements, each bound by memory bandwidth (SDPA and flash-attention never build the square: 0)."""
+    if setting.attention != "eager":
+        return 0.0
+    forward = EAGER_FORWARD_BYTES_PER_SCORE + (SOFTCAP_FORWARD_BYTES_PER_SCORE if arch.attention_softcapping else 0)
+    backward = EAGER_BACKWARD_BYTES_PER_SCORE + (SOFTCAP_BACKWARD_BYTES_PER_SCORE if arch.attention_softcapping
+                                                 else 0)
+    passes = forward * (2 if setting.gradient_checkpointing else 1) + backward
+    return float(arch.layers * arch.heads * setting.seq_len**2 * passes)
+
+
+def eager_attention_seconds(arch: Architecture, setting: Setting, gpu: GpuSpec) -> float:
+    """Eager attention's score traffic per sample at the GPU's memory bandwidth."""
+    return eager_attention_bytes(arch, setting) / (gpu.memory_bandwidth_gbs * 1e9)
 
 
 def _flops_per_sample(arch: Architecture, setting: Setting) -> float:
@@ -195,8 +229,8 @@ def masked_attention_flops(arch: Architecture, setting: Setting) -> float:
     """Attention FLOPs of one sample that run on SDPA's masked path (forward, backward and any recompute).
 
     With a mask SDPA leaves the flash kernel for one that takes an arbitrary additive mask, over K and V
-    expanded to every query head: the same FLOPs, done slower. 0 where no mask reaches SDPA. Eager attention
-    is not priced apart (no calibration measured it)."""
+    expanded to every query head: the same FLOPs, done slower. 0 where no mask reaches SDPA; eager attention's
+    matmuls run at the MFU and its score traffic is `eager_attention_bytes`."""
     if not setting.masked or setting.attention != "sdpa":
         return 0.0
     return _attention_forward_flops(arch, setting) * (4 if setting.gradient_checkpointing else 3)
@@ -275,7 +309,8 @@ class ComputeRate:
         peak = gpu.bf16_dense_tflops * 1e12
         terms = setting_terms(arch, setting)
         traffic = logit_elements_per_sample(arch, setting) * self.loss_bytes_per_logit / (gpu.memory_bandwidth_gbs * 1e9)
-        return terms.flops_per_sample / (peak * self.mfu) + traffic + self.masked_seconds(terms, gpu)
+        return (terms.flops_per_sample / (peak * self.mfu) + traffic + self.masked_seconds(terms, gpu)
+                + eager_attention_seconds(arch, setting, gpu))
 
     def masked_seconds(self, terms: SettingTerms, gpu: GpuSpec) -> float:
         """The masked attention path's extra seconds per sample."""
@@ -348,8 +383,8 @@ def fit_compute_rate(slopes: list[LadderSlope], masked_attention_cost: float = 0
                              for s in slopes])
     logit_seconds = np.array([logit_elements_per_sample(s.arch, s.setting) / (s.gpu.memory_bandwidth_gbs * 1e9)
                               for s in slopes])
-    measured = np.array([s.seconds_per_sample - masked_path_seconds(masked_attention_cost,
-                                                                     setting_terms(s.arch, s.setting), s.gpu)
+    measured = np.array([s.seconds_per_sample - eager_attention_seconds(s.arch, s.setting, s.gpu)
+                         - masked_path_seconds(masked_attention_cost, setting_terms(s.arch, s.setting), s.gpu)
                          for s in slopes])
     if len(slopes) >= MIN_LADDERS_FOR_LOSS_TRAFFIC and logit_seconds.any() and not logit_seconds.all():
         weight = 1 / measured
