@@ -8,9 +8,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 out="${OUT:?where records go}/eager_path.jsonl"
 run() { timeout 200 python3 -m ftplan calibrate --device cuda --out "$out" --seq-len 2048 --padding max_length \
-  --no-verify --timeout 150 --machine device-nvidia-h200 --log-dir /tmp/ftplan-logs "$@" 2>&1 | tail -n 3; }
+  --no-verify --timeout 150 --machine "device-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr " " -)" --log-dir /tmp/ftplan-logs "$@" 2>&1 | tail -n 3; }
 run --model gemma-2-2b --lora-rank 16 --liger on --attention eager --batch-sizes 2,4,8
 run --model llama-3.2-1b --attention eager --batch-sizes 1,2,4
 run --model llama-3.2-1b --attention sdpa --batch-sizes 1,2,4
-run --model qwen2.5-0.5b --attention eager --batch-sizes 4,8
-run --model qwen2.5-0.5b --attention sdpa --batch-sizes 4,8
+run --model qwen2.5-0.5b --attention eager --batch-sizes 2,4
+run --model qwen2.5-0.5b --attention sdpa --batch-sizes 2,4
