@@ -59,7 +59,8 @@ class GpuSpec:
 
 
 def _normalise(name: str) -> str:
-    return name.lower().replace("_", "-").replace(" ", "-")
+    """Case, separators and the vendor prefix dropped: torch names a card 'NVIDIA H100 80GB HBM3', a user 'h100'."""
+    return name.lower().replace("_", "-").replace(" ", "-").removeprefix("nvidia-")
 
 
 CPU = "cpu"  # the device name CPU calibration records carry (ftplan.calibration.measure.gpu_identity)

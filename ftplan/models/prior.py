@@ -205,9 +205,16 @@ def eager_attention_bytes(arch: Architecture, setting: Setting) -> float:
     return float(arch.layers * arch.heads * setting.seq_len**2 * passes)
 
 
+# The share of the datasheet memory bandwidth eager attention's elementwise passes reach: on an H100 (driver 580, torch
+# 2.11, transformers 5.17) eager ran 0.060-0.158 s a step slower than SDPA's masked path on the same padded rows,
+# which the counted bytes explain at 0.68-0.70 of 3.35 TB/s for Llama-3.2-1B (4 query heads per KV head) and
+# Qwen2.5-0.5B (7), batches 1-4 (benchmarks/gpu/results/eager_path_h100_2026-12-07.jsonl, benchmarks/eager_path.py).
+EAGER_BANDWIDTH_SHARE = 0.69
+
+
 def eager_attention_seconds(arch: Architecture, setting: Setting, gpu: GpuSpec) -> float:
-    """Eager attention's score traffic per sample at the GPU's memory bandwidth."""
-    return eager_attention_bytes(arch, setting) / (gpu.memory_bandwidth_gbs * 1e9)
+    """Eager attention's score traffic per sample at the share of the GPU's memory bandwidth it reaches."""
+    return eager_attention_bytes(arch, setting) / (gpu.memory_bandwidth_gbs * 1e9 * EAGER_BANDWIDTH_SHARE)
 
 
 def _flops_per_sample(arch: Architecture, setting: Setting) -> float:
