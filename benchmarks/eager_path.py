@@ -17,8 +17,8 @@ from pathlib import Path
 
 from ftplan.core.architecture import cached_architecture
 from ftplan.core.settings import Setting
-from ftplan.models.prior import prior_estimate
 from ftplan.evidence.workspace import Workspace
+from ftplan.models.prior import prior_estimate
 from ftplan.store.records import read_records
 
 
@@ -29,10 +29,12 @@ def compare(path: Path) -> list[tuple[float, float, float]]:
             if r.get("attention") == "sdpa"}
     print(f"{'setting':44} {'batch':>5} {'alloc err':>9} {'s/step':>7} {'pred':>6} {'err':>7} "
           f"{'eager adds':>10} {'prior adds':>10}")
-    errors = []
+    errors, workspaces = [], {}
     for record in (r for r in records if r.get("attention") == "eager"):
         setting, batch = Setting.from_dict(record), record["micro_batch"]
-        workspace = Workspace.open(record["gpu_name"])
+        if record["gpu_name"] not in workspaces:  # one card's records and fits, read once
+            workspaces[record["gpu_name"]] = Workspace.open(record["gpu_name"])
+        workspace = workspaces[record["gpu_name"]]
         gpu, predictor = workspace.card, workspace.predictor
         prediction = workspace.predict(setting, batch)
         measured = record["seconds_per_step"]

@@ -7,8 +7,8 @@ models/activations.py:
   optimizer step = resident states + all gradients + step temporaries
 so the curve in batch is convex and piecewise linear. Time is a per-step overhead, plus per sample
 the matmul FLOPs over the GPU's bf16 dense throughput × MFU and the unfused loss's logit traffic
-and eager attention's score traffic over its memory bandwidth (`ComputeRate`), plus the optimizer step (GPU: memory-bandwidth bound;
-offloaded: CPU Adam).
+and eager attention's score traffic over its memory bandwidth (`ComputeRate`), plus the optimizer
+step (GPU: memory-bandwidth bound; offloaded: CPU Adam).
 
 Where calibration records exist, `fit_constants` learns the free constants from them (a scale on
 the static and on the per-sample memory term, the reserved/allocated ratio, the compute rate from
@@ -198,9 +198,9 @@ def eager_attention_bytes(arch: Architecture, setting: Setting) -> float:
     elements, each bound by memory bandwidth (SDPA and flash-attention never build the square: 0)."""
     if setting.attention != "eager":
         return 0.0
-    forward = EAGER_FORWARD_BYTES_PER_SCORE + (SOFTCAP_FORWARD_BYTES_PER_SCORE if arch.attention_softcapping else 0)
-    backward = EAGER_BACKWARD_BYTES_PER_SCORE + (SOFTCAP_BACKWARD_BYTES_PER_SCORE if arch.attention_softcapping
-                                                 else 0)
+    forward, backward = EAGER_FORWARD_BYTES_PER_SCORE, EAGER_BACKWARD_BYTES_PER_SCORE
+    if arch.attention_softcapping:
+        forward, backward = forward + SOFTCAP_FORWARD_BYTES_PER_SCORE, backward + SOFTCAP_BACKWARD_BYTES_PER_SCORE
     passes = forward * (2 if setting.gradient_checkpointing else 1) + backward
     return float(arch.layers * arch.heads * setting.seq_len**2 * passes)
 
