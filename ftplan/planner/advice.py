@@ -85,10 +85,11 @@ def _compare(plan: Plan, rec: SetupPlan, switch: Switch) -> str | None:
         verdict = "the faster step outweighs the other's batch"
     else:
         verdict = "fewer steps and time per sample decide it"
+    # the twin is named: the compact table shows each family's best, which can be another LoRA rank or ZeRO stage
     return (f"{switch.name} {state}: batch {rec.batch} at {ours:.2f} s/step, "
-            f"{format_duration(rec.eta.total_seconds)} in total, against batch {twin.batch} at "
-            f"{theirs:.2f} s/step, {format_duration(twin.eta.total_seconds)} "
-            f"with {switch.name} {other_state}; {verdict}. {switch.why}.")
+            f"{format_duration(rec.eta.total_seconds)} in total, against {twin.label} ({switch.name} "
+            f"{other_state}): batch {twin.batch} at {theirs:.2f} s/step, "
+            f"{format_duration(twin.eta.total_seconds)}; {verdict}. {switch.why}.")
 
 
 def _training_note(plan: Plan, rec: SetupPlan) -> str:
