@@ -7,7 +7,7 @@ import pytest
 
 from ftplan.core.architecture import load_architecture
 from ftplan.core.settings import Setting
-from ftplan.models.prior import (
+from ftplan.models.traffic import (
     EAGER_BACKWARD_BYTES_PER_SCORE,
     EAGER_FORWARD_BYTES_PER_SCORE,
     SOFTCAP_BACKWARD_BYTES_PER_SCORE,

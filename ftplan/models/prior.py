@@ -6,8 +6,9 @@ models/activations.py:
   backward end   = resident states + all gradients
   optimizer step = resident states + all gradients + step temporaries
 so the curve in batch is convex and piecewise linear. Time is a per-step overhead, plus per sample
-the matmul FLOPs over the GPU's bf16 dense throughput × MFU and the unfused loss's logit traffic
-and eager attention's score traffic over its memory bandwidth (`ComputeRate`), plus the optimizer
+the matmul FLOPs over the GPU's bf16 dense throughput × MFU and the unfused loss's logit traffic,
+eager attention's score traffic and LoRA's adapter traffic over its memory bandwidth (`ComputeRate`,
+models/traffic.py), plus the optimizer
 step (GPU: memory-bandwidth bound; offloaded: CPU Adam).
 
 Where calibration records exist, `fit_constants` learns the free constants from them (a scale on
@@ -39,6 +40,7 @@ from ftplan.models.bytes_per_param import (
     weight_bytes,
 )
 from ftplan.models.curve import fit_convex_curve
+from ftplan.models.traffic import memory_bound_seconds
 from ftplan.models.wall import healthy_points
 
 # Defaults, used only when no calibration record is available: the values fit_constants learns from
@@ -178,45 +180,6 @@ def _attention_forward_flops(arch: Architecture, setting: Setting) -> float:
     return square * 2 * setting.seq_len * arch.heads * arch.head_dim * arch.layers * setting.seq_len
 
 
-# Bytes each element of eager attention's (batch, heads, seq, seq) scores moves through memory, counted op by op in
-# transformers' eager_attention_forward (llama's; gemma2's adds the softcap): forward, the QK product writes the
-# scores in bf16 (2), the scaling multiply reads and writes them (4), the mask add (4), softmax's fp32 upcast
-# (2 + 4), softmax (4 + 4), the downcast (4 + 2), the PV product reads them (2): 32. Backward: the PV product's
-# gradient writes dP and its weight gradient reads P (4), the downcast's and upcast's gradients (6 + 6), softmax's
-# backward reads the gradient and the output and writes in fp32 (12), the scaling's (4), the QK product's two
-# gradients read dS (4): 36. Softcapping (divide, tanh, multiply) adds 12 forward and 14 backward (tanh's gradient
-# reads its output too). Dropout at p = 0 runs nothing. tests/test_eager_traffic.py recounts it through torch's
-# dispatcher on the installed transformers. Gradient checkpointing runs the forward twice.
-EAGER_FORWARD_BYTES_PER_SCORE = 32
-EAGER_BACKWARD_BYTES_PER_SCORE = 36
-SOFTCAP_FORWARD_BYTES_PER_SCORE = 12
-SOFTCAP_BACKWARD_BYTES_PER_SCORE = 14
-
-
-def eager_attention_bytes(arch: Architecture, setting: Setting) -> float:
-    """Memory traffic of one sample's eager attention scores: elementwise passes over layers · heads · seq²
-    elements, each bound by memory bandwidth (SDPA and flash-attention never build the square: 0)."""
-    if setting.attention != "eager":
-        return 0.0
-    forward, backward = EAGER_FORWARD_BYTES_PER_SCORE, EAGER_BACKWARD_BYTES_PER_SCORE
-    if arch.attention_softcapping:
-        forward, backward = forward + SOFTCAP_FORWARD_BYTES_PER_SCORE, backward + SOFTCAP_BACKWARD_BYTES_PER_SCORE
-    passes = forward * (2 if setting.gradient_checkpointing else 1) + backward
-    return float(arch.layers * arch.heads * setting.seq_len**2 * passes)
-
-
-# The share of the datasheet memory bandwidth eager attention's elementwise passes reach: on an H100 (driver 580, torch
-# 2.11, transformers 5.17) eager ran 0.060-0.158 s a step slower than SDPA's masked path on the same padded rows,
-# which the counted bytes explain at 0.68-0.70 of 3.35 TB/s for Llama-3.2-1B (4 query heads per KV head) and
-# Qwen2.5-0.5B (7), batches 1-4 (benchmarks/gpu/results/eager_path_h100_2026-12-07.jsonl, benchmarks/eager_path.py).
-EAGER_BANDWIDTH_SHARE = 0.69
-
-
-def eager_attention_seconds(arch: Architecture, setting: Setting, gpu: GpuSpec) -> float:
-    """Eager attention's score traffic per sample at the share of the GPU's memory bandwidth it reaches."""
-    return eager_attention_bytes(arch, setting) / (gpu.memory_bandwidth_gbs * 1e9 * EAGER_BANDWIDTH_SHARE)
-
-
 def _flops_per_sample(arch: Architecture, setting: Setting) -> float:
     """Matmul FLOPs of one sample on one GPU: 2·params·tokens forward, as much again for activation
     gradients and (full fine-tuning only) for weight gradients, +1 forward when checkpointing: 6·P·T,
@@ -237,7 +200,7 @@ def masked_attention_flops(arch: Architecture, setting: Setting) -> float:
 
     With a mask SDPA leaves the flash kernel for one that takes an arbitrary additive mask, over K and V
     expanded to every query head: the same FLOPs, done slower. 0 where no mask reaches SDPA; eager attention's
-    matmuls run at the MFU and its score traffic is `eager_attention_bytes`."""
+    matmuls run at the MFU and its score traffic is models/traffic.py's."""
     if not setting.masked or setting.attention != "sdpa":
         return 0.0
     return _attention_forward_flops(arch, setting) * (4 if setting.gradient_checkpointing else 3)
@@ -301,7 +264,8 @@ def masked_path_seconds(cost: float, terms: SettingTerms, gpu: GpuSpec) -> float
 class ComputeRate:
     """What one more sample costs a compute-bound step: matmul FLOPs at an achieved share (MFU) of the
     GPU's bf16 dense peak, plus the unfused loss's traffic over the GPU's memory bandwidth, plus the masked
-    attention path's extra time per attention FLOP (`masked_attention_cost`).
+    attention path's extra time per attention FLOP (`masked_attention_cost`), plus the counted memory-bound
+    passes of eager attention and LoRA adapters (models/traffic.py).
 
     Learned from the large-batch slopes of calibrated ladders (`fit_compute_rate`), so it sees the
     per-sample cost that a setting's own launch-bound small batches hide.
@@ -317,7 +281,7 @@ class ComputeRate:
         terms = setting_terms(arch, setting)
         traffic = logit_elements_per_sample(arch, setting) * self.loss_bytes_per_logit / (gpu.memory_bandwidth_gbs * 1e9)
         return (terms.flops_per_sample / (peak * self.mfu) + traffic + self.masked_seconds(terms, gpu)
-                + eager_attention_seconds(arch, setting, gpu))
+                + memory_bound_seconds(arch, setting, gpu))
 
     def masked_seconds(self, terms: SettingTerms, gpu: GpuSpec) -> float:
         """The masked attention path's extra seconds per sample."""
@@ -382,15 +346,20 @@ def fit_compute_rate(slopes: list[LadderSlope], masked_attention_cost: float = 0
     unfused loss (Liger's fused loss builds no logits); otherwise, or with few ladders, MFU alone: on
     the public RTX 3090 ladders (one model, all unfused) a two-term fit gave MFU 0.79 and 240 bytes
     per logit, an artefact of collinearity.
+
+    Mixture-of-experts ladders are left out where dense ones exist: their experts run as per-expert loops
+    whose speed follows the routing, not the FLOPs (OLMoE-1B-7B's two H200 ladders of one setting rose 15.6 and
+    68.6 ms a sample), and the one at 15.6 alone moved the H200's MFU from 0.56 to 0.77.
     """
     slopes = [s for s in slopes if s.seconds_per_sample > 0]
+    slopes = [s for s in slopes if not s.arch.experts] or slopes
     if not slopes:
         return None
     flop_seconds = np.array([setting_terms(s.arch, s.setting).flops_per_sample / (s.gpu.bf16_dense_tflops * 1e12)
                              for s in slopes])
     logit_seconds = np.array([logit_elements_per_sample(s.arch, s.setting) / (s.gpu.memory_bandwidth_gbs * 1e9)
                               for s in slopes])
-    measured = np.array([s.seconds_per_sample - eager_attention_seconds(s.arch, s.setting, s.gpu)
+    measured = np.array([s.seconds_per_sample - memory_bound_seconds(s.arch, s.setting, s.gpu)
                          - masked_path_seconds(masked_attention_cost, setting_terms(s.arch, s.setting), s.gpu)
                          for s in slopes])
     if len(slopes) >= MIN_LADDERS_FOR_LOSS_TRAFFIC and logit_seconds.any() and not logit_seconds.all():
