@@ -24,22 +24,9 @@ BATCH, HEADS, KV_HEADS, SEQ, HEAD_DIM = 2, 4, 2, 64, 16
 def _score_traffic(eager_attention_forward, **kwargs) -> tuple[float, float]:
     """(forward, backward) bytes per score element that ops touching a score-sized tensor read and write; views
     and in-place aliases move nothing and are skipped."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
+    from tests.dispatch_traffic import Traffic
 
     scores = BATCH * HEADS * SEQ * SEQ
-
-    class Traffic(TorchDispatchMode):
-        bytes = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-            outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-            storages = {t.untyped_storage().data_ptr() for t in inputs}
-            if not any(t.untyped_storage().data_ptr() in storages for t in outputs):
-                self.bytes += sum(t.numel() * t.element_size() for t in inputs + outputs if t.numel() >= scores)
-            return out
 
     class Module(torch.nn.Module):
         num_key_value_groups, head_dim = HEADS // KV_HEADS, HEAD_DIM
@@ -48,11 +35,11 @@ def _score_traffic(eager_attention_forward, **kwargs) -> tuple[float, float]:
     key, value = (torch.randn(BATCH, KV_HEADS, SEQ, HEAD_DIM, dtype=torch.bfloat16, requires_grad=True)
                   for _ in range(2))
     mask = torch.zeros(BATCH, 1, SEQ, SEQ, dtype=torch.bfloat16)
-    with Traffic() as forward:
+    with Traffic(min_numel=scores) as forward:
         output, _ = eager_attention_forward(Module().train(), query, key, value, mask, dropout=0.0,
                                             scaling=HEAD_DIM**-0.5, **kwargs)
     loss = output.float().sum()
-    with Traffic() as backward:
+    with Traffic(min_numel=scores) as backward:
         loss.backward()
     return forward.bytes / scores, backward.bytes / scores
 

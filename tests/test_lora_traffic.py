@@ -15,21 +15,8 @@ peft = pytest.importorskip("peft")
 
 def _traffic(fan_in: int, fan_out: int, tokens: int, rank: int, lora: bool) -> tuple[int, int]:
     """(forward, backward) bytes the ops read and write through one bias-free bf16 linear, adapted by PEFT's LoRA
-    or not, under CPU bf16 autocast as the Trainer's bf16 runs it; views (outputs aliasing an input) move nothing."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
-
-    class Traffic(TorchDispatchMode):
-        bytes = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-            outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-            storages = {t.untyped_storage().data_ptr() for t in inputs}
-            if not any(t.untyped_storage().data_ptr() in storages for t in outputs):
-                self.bytes += sum(t.numel() * t.element_size() for t in inputs + outputs)
-            return out
+    or not, under CPU bf16 autocast as the Trainer's bf16 runs it."""
+    from tests.dispatch_traffic import Traffic
 
     class Block(torch.nn.Module):
         def __init__(self):
