@@ -31,9 +31,8 @@ def _traffic(fan_in: int, fan_out: int, tokens: int, rank: int, lora: bool) -> t
     if lora:
         model = peft.get_peft_model(model, peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["proj"]))
     x = torch.randn(1, tokens, fan_in, dtype=torch.bfloat16, requires_grad=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        with Traffic() as forward:
-            y = model(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16), Traffic() as forward:
+        y = model(x)
     with Traffic() as backward:
         y.backward(torch.ones_like(y))
     return forward.bytes, backward.bytes
