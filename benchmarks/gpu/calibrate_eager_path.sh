@@ -2,7 +2,7 @@
 # Eager attention against SDPA's masked path, same rows, same host: does the prior's eager score traffic
 # (models/traffic.py eager_attention_bytes) price what eager costs? Three query/KV head ratios (Llama-3.2-1B 4,
 # Qwen2.5-0.5B 7, Gemma-2-2B 2 with softcapping, which only eager computes) at padded batches, both paths.
-# Records to $OUT/eager_path.jsonl; `python benchmarks/eager_path.py RECORDS` compares them with the prior.
+# Records to $OUT/eager_path.jsonl; `python benchmarks/paired_paths.py eager RECORDS` compares them with the prior.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1

@@ -3,7 +3,7 @@
 # (the frozen base runs forward and backward either way; the adapters' own FLOPs are rank-thin), so the step time
 # between them is the adapters' memory traffic (models/traffic.py lora_adapter_bytes). Four shapes (Llama-3.2-1B,
 # Qwen2.5-0.5B, Gemma-3-1B, Llama-3-8B), equal-length rows (no mask), batches 2-8.
-# Records to $OUT/lora_traffic.jsonl; `python benchmarks/lora_traffic.py RECORDS` compares them with the prior.
+# Records to $OUT/lora_traffic.jsonl; `python benchmarks/paired_paths.py lora RECORDS` compares them with the prior.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1

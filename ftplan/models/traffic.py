@@ -44,7 +44,7 @@ def eager_attention_bytes(arch: Architecture, setting: Setting) -> float:
 # 12% from the prior alone, benchmarks/gpu/emitted_runs.py replay): on an H100 (driver 580, torch
 # 2.11, transformers 5.17) eager ran 0.060-0.158 s a step slower than SDPA's masked path on the same padded rows,
 # which the counted bytes explain at 0.68-0.70 of 3.35 TB/s for Llama-3.2-1B (4 query heads per KV head) and
-# Qwen2.5-0.5B (7), batches 1-4 (benchmarks/gpu/results/eager_path_h100_2026-12-07.jsonl, benchmarks/eager_path.py).
+# Qwen2.5-0.5B (7), batches 1-4 (benchmarks/gpu/results/eager_path_h100_2026-12-07.jsonl, benchmarks/paired_paths.py).
 MEMORY_BOUND_BANDWIDTH_SHARE = 0.69
 
 
