@@ -40,7 +40,7 @@ from ftplan.models.bytes_per_param import (
     weight_bytes,
 )
 from ftplan.models.curve import fit_convex_curve
-from ftplan.models.traffic import memory_bound_seconds
+from ftplan.models.traffic import lora_launch_seconds, memory_bound_seconds
 from ftplan.models.wall import healthy_points
 
 # Defaults, used only when no calibration record is available: the values fit_constants learns from
@@ -516,13 +516,13 @@ def prior_estimate(arch: Architecture, setting: Setting, batch: int, gpu: GpuSpe
                    constants: PriorConstants = PriorConstants()) -> PriorEstimate:
     """The corrected prior for one case; no communication time (the caller adds it for world_size > 1).
 
-    Compute is a per-step overhead (launches, Trainer bookkeeping) plus batch × the compute rate's
-    seconds per sample (FLOPs at the MFU, and the unfused loss's memory traffic)."""
+    Compute is a per-step overhead (launches, Trainer bookkeeping; LoRA adapters' launches on top) plus batch ×
+    the compute rate's seconds per sample (FLOPs at the MFU, and the memory traffic FLOPs miss)."""
     packed_bytes, packed_flops = packed_attention_extra(arch, setting, batch)
     allocated = setting_terms(arch, setting).memory.peak(batch, constants.static_scale, constants.sample_scale) + packed_bytes
     rate = ComputeRate(constants.mfu, constants.loss_bytes_per_logit, 0, constants.masked_attention_cost)
-    compute = (constants.step_overhead_seconds + batch * rate.seconds_per_sample(arch, setting, gpu)
-               + rate.packed_seconds(packed_flops, gpu))
+    compute = (constants.step_overhead_seconds + lora_launch_seconds(arch, setting)
+               + batch * rate.seconds_per_sample(arch, setting, gpu) + rate.packed_seconds(packed_flops, gpu))
     optimizer = optimizer_seconds(arch, setting, gpu, constants.cpu_adam_seconds_per_param)
     return PriorEstimate(allocated, allocated * constants.fragmentation_of(setting)[0], compute + optimizer, compute,
                          optimizer)
@@ -665,7 +665,8 @@ def _time_constants(observations: list[_Observation], slopes: list[LadderSlope],
             or ComputeRate(DEFAULT_MFU, DEFAULT_LOSS_BYTES_PER_LOGIT, 0, masked_attention_cost))
 
     def beyond_compute(o: _Observation) -> float:
-        return o.seconds - o.batch * rate.seconds_per_sample(o.arch, o.setting, o.gpu)
+        return (o.seconds - o.batch * rate.seconds_per_sample(o.arch, o.setting, o.gpu)
+                - lora_launch_seconds(o.arch, o.setting))
 
     on_gpu = [o for o in observations if not o.setting.offload_optimizer]
     overheads = [beyond_compute(o) - optimizer_seconds(o.arch, o.setting, o.gpu, 0.0) for o in on_gpu]

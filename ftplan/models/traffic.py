@@ -82,3 +82,19 @@ def memory_bound_seconds(arch: Architecture, setting: Setting, gpu: GpuSpec) -> 
     memory bandwidth such passes reach."""
     traffic = eager_attention_bytes(arch, setting) + lora_adapter_bytes(arch, setting)
     return traffic / (gpu.memory_bandwidth_gbs * 1e9 * MEMORY_BOUND_BANDWIDTH_SHARE)
+
+
+# What each LoRA adapter adds to a step whatever the batch: its ~20 kernel launches forward and backward and PEFT's
+# Python around them. On an H100 host (2026-12-07, torch 2.11, PEFT 0.21) LoRA on every linear against q_proj and
+# v_proj only added 13.2 ms a step over 80 more adapters (Llama-3.2-1B) and 19.1 over 120 (Qwen2.5-0.5B) at zero
+# batch (the intercept through batches 2-8; benchmarks/gpu/results/lora_traffic_h100_2026-12-07.jsonl,
+# `python benchmarks/paired_paths.py lora`): 165 and 159 µs an adapter. A host-side cost: another CPU moves it.
+LORA_SECONDS_PER_ADAPTER_STEP = 160e-6
+
+
+def lora_launch_seconds(arch: Architecture, setting: Setting) -> float:
+    """Per-step seconds of every LoRA adapter's launches (none for full fine-tuning; MoE experts not counted)."""
+    if not setting.lora_rank:
+        return 0.0
+    names = set(arch.resolve_lora_targets(setting.lora_targets)) - {EXPERTS_TARGET}
+    return LORA_SECONDS_PER_ADAPTER_STEP * sum(1 for linear in arch.structure.linears if linear.name in names)
