@@ -76,7 +76,7 @@ def test_a_batch_that_leaves_only_a_few_optimizer_steps_is_said_and_a_long_run_i
 
 
 def test_the_calibrated_alternative_is_of_the_winners_training_kind_where_one_was_calibrated():
-    result = api.plan("gemma-3-1b", 50000, "H100")
+    result = api.plan("gemma-3-1b", 50000, "H200")
     rec = result.recommendation
     assert rec.best.source == "prior" and rec.training == "lora"
     alternative = next(line for line in result.headline if "best calibrated alternative" in line)
