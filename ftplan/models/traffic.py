@@ -1,4 +1,5 @@
-"""Memory-bound passes a FLOP count misses: bytes that eager attention's scores and PEFT's LoRA adapters move.
+"""What a FLOP count misses: bytes that eager attention's scores and PEFT's LoRA adapters move, and the adapters'
+per-step launches.
 
 Both run elementwise passes and thin matmuls whose time is set by memory bandwidth, not by the matmul
 throughput the prior's MFU prices, so they move with the card's bandwidth (an H100 has 0.70 of an H200's at
@@ -11,6 +12,7 @@ from __future__ import annotations
 from ftplan.core.architecture import EXPERTS_TARGET, Architecture
 from ftplan.core.hardware import GpuSpec
 from ftplan.core.settings import Setting
+from ftplan.core.structure import Linear
 
 # Bytes each element of eager attention's (batch, heads, seq, seq) scores moves through memory, counted op by op in
 # transformers' eager_attention_forward (llama's; gemma2's adds the softcap): forward, the QK product writes the
@@ -61,19 +63,22 @@ LORA_FORWARD_BYTES = (14, 12, 4)
 LORA_BACKWARD_BYTES = (20, 6, 8)
 
 
-def lora_adapter_bytes(arch: Architecture, setting: Setting) -> float:
-    """Memory traffic of one sample through every LoRA adapter on the decoder's linears (none for full
-    fine-tuning). An MoE's fused experts (PEFT's target_parameters) are not counted. Checkpointing runs the
-    forward twice."""
+def _adapted_linears(arch: Architecture, setting: Setting) -> list[Linear]:
+    """The decoder's linears LoRA adapts (none for full fine-tuning); an MoE's fused experts (PEFT's
+    target_parameters) are not linears and are not counted."""
     if not setting.lora_rank:
-        return 0.0
+        return []
     names = set(arch.resolve_lora_targets(setting.lora_targets)) - {EXPERTS_TARGET}
+    return [linear for linear in arch.structure.linears if linear.name in names]
+
+
+def lora_adapter_bytes(arch: Architecture, setting: Setting) -> float:
+    """Memory traffic of one sample through every LoRA adapter; checkpointing runs the forward twice."""
     forward_passes = 2 if setting.gradient_checkpointing else 1
-    per_token = 0
-    for linear in arch.structure.linears:
-        if linear.name in names:
-            dims = (linear.in_features, linear.out_features, setting.lora_rank)
-            per_token += sum((forward_passes * f + b) * d for f, b, d in zip(LORA_FORWARD_BYTES, LORA_BACKWARD_BYTES, dims))
+    per_token = sum((forward_passes * f + b) * d
+                    for linear in _adapted_linears(arch, setting)
+                    for f, b, d in zip(LORA_FORWARD_BYTES, LORA_BACKWARD_BYTES,
+                                       (linear.in_features, linear.out_features, setting.lora_rank)))
     return float(per_token * setting.seq_len)
 
 
@@ -93,8 +98,5 @@ LORA_SECONDS_PER_ADAPTER_STEP = 160e-6
 
 
 def lora_launch_seconds(arch: Architecture, setting: Setting) -> float:
-    """Per-step seconds of every LoRA adapter's launches (none for full fine-tuning; MoE experts not counted)."""
-    if not setting.lora_rank:
-        return 0.0
-    names = set(arch.resolve_lora_targets(setting.lora_targets)) - {EXPERTS_TARGET}
-    return LORA_SECONDS_PER_ADAPTER_STEP * sum(1 for linear in arch.structure.linears if linear.name in names)
+    """Per-step seconds of every LoRA adapter's launches."""
+    return LORA_SECONDS_PER_ADAPTER_STEP * len(_adapted_linears(arch, setting))
