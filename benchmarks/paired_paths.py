@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,8 +32,8 @@ from ftplan.store.records import read_records
 class Pairing:
     """Which records are the variant, and the base recipe each is paired with."""
 
-    is_variant: callable
-    base_of: callable
+    is_variant: Callable[[Setting], bool]
+    base_of: Callable[[Setting], Setting]
 
 
 PAIRINGS = {

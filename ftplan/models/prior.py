@@ -8,8 +8,7 @@ models/activations.py:
 so the curve in batch is convex and piecewise linear. Time is a per-step overhead, plus per sample
 the matmul FLOPs over the GPU's bf16 dense throughput × MFU and the unfused loss's logit traffic,
 eager attention's score traffic and LoRA's adapter traffic over its memory bandwidth (`ComputeRate`,
-models/traffic.py), plus the optimizer
-step (GPU: memory-bandwidth bound; offloaded: CPU Adam).
+models/traffic.py), plus the optimizer step (GPU: memory-bandwidth bound; offloaded: CPU Adam).
 
 Where calibration records exist, `fit_constants` learns the free constants from them (a scale on
 the static and on the per-sample memory term, the reserved/allocated ratio, the compute rate from
@@ -40,7 +39,12 @@ from ftplan.models.bytes_per_param import (
     weight_bytes,
 )
 from ftplan.models.curve import fit_convex_curve
-from ftplan.models.traffic import lora_launch_seconds, memory_bound_seconds
+from ftplan.models.traffic import (
+    LORA_SECONDS_PER_ADAPTER_STEP,
+    lora_adapters,
+    memory_bound_bytes,
+    memory_bound_seconds,
+)
 from ftplan.models.wall import healthy_points
 
 # Defaults, used only when no calibration record is available: the values fit_constants learns from
@@ -281,7 +285,7 @@ class ComputeRate:
         terms = setting_terms(arch, setting)
         traffic = logit_elements_per_sample(arch, setting) * self.loss_bytes_per_logit / (gpu.memory_bandwidth_gbs * 1e9)
         return (terms.flops_per_sample / (peak * self.mfu) + traffic + self.masked_seconds(terms, gpu)
-                + memory_bound_seconds(arch, setting, gpu))
+                + memory_bound_seconds(terms.memory_bound_bytes, gpu))
 
     def masked_seconds(self, terms: SettingTerms, gpu: GpuSpec) -> float:
         """The masked attention path's extra seconds per sample."""
@@ -355,13 +359,12 @@ def fit_compute_rate(slopes: list[LadderSlope], masked_attention_cost: float = 0
     slopes = [s for s in slopes if not s.arch.experts] or slopes
     if not slopes:
         return None
-    flop_seconds = np.array([setting_terms(s.arch, s.setting).flops_per_sample / (s.gpu.bf16_dense_tflops * 1e12)
-                             for s in slopes])
+    terms = [setting_terms(s.arch, s.setting) for s in slopes]
+    flop_seconds = np.array([t.flops_per_sample / (s.gpu.bf16_dense_tflops * 1e12) for s, t in zip(slopes, terms)])
     logit_seconds = np.array([logit_elements_per_sample(s.arch, s.setting) / (s.gpu.memory_bandwidth_gbs * 1e9)
                               for s in slopes])
-    measured = np.array([s.seconds_per_sample - memory_bound_seconds(s.arch, s.setting, s.gpu)
-                         - masked_path_seconds(masked_attention_cost, setting_terms(s.arch, s.setting), s.gpu)
-                         for s in slopes])
+    measured = np.array([s.seconds_per_sample - memory_bound_seconds(t.memory_bound_bytes, s.gpu)
+                         - masked_path_seconds(masked_attention_cost, t, s.gpu) for s, t in zip(slopes, terms)])
     if len(slopes) >= MIN_LADDERS_FOR_LOSS_TRAFFIC and logit_seconds.any() and not logit_seconds.all():
         weight = 1 / measured
         features = np.column_stack([flop_seconds, logit_seconds]) * weight[:, None]
@@ -421,6 +424,8 @@ class SettingTerms:
     flops_per_sample: float
     optimizer_params: float  # trainable parameters this rank's optimizer updates
     masked_attention_flops: float  # of flops_per_sample, those on SDPA's masked path
+    memory_bound_bytes: float  # per sample, the traffic FLOPs miss (models/traffic.py)
+    lora_launch_seconds: float  # per step, the LoRA adapters' launches
 
 
 _TERMS: dict[tuple[str, str, Setting], SettingTerms] = {}
@@ -432,7 +437,8 @@ def setting_terms(arch: Architecture, setting: Setting) -> SettingTerms:
         trainable = arch.trainable_params(setting.lora_rank, setting.lora_targets)
         _TERMS[key] = SettingTerms(memory_terms(arch, setting), _flops_per_sample(arch, setting),
                                    trainable / setting.world_size if setting.uses_deepspeed else trainable,
-                                   masked_attention_flops(arch, setting))
+                                   masked_attention_flops(arch, setting), memory_bound_bytes(arch, setting),
+                                   lora_adapters(arch, setting) * LORA_SECONDS_PER_ADAPTER_STEP)
     return _TERMS[key]
 
 
@@ -521,7 +527,7 @@ def prior_estimate(arch: Architecture, setting: Setting, batch: int, gpu: GpuSpe
     packed_bytes, packed_flops = packed_attention_extra(arch, setting, batch)
     allocated = setting_terms(arch, setting).memory.peak(batch, constants.static_scale, constants.sample_scale) + packed_bytes
     rate = ComputeRate(constants.mfu, constants.loss_bytes_per_logit, 0, constants.masked_attention_cost)
-    compute = (constants.step_overhead_seconds + lora_launch_seconds(arch, setting)
+    compute = (constants.step_overhead_seconds + setting_terms(arch, setting).lora_launch_seconds
                + batch * rate.seconds_per_sample(arch, setting, gpu) + rate.packed_seconds(packed_flops, gpu))
     optimizer = optimizer_seconds(arch, setting, gpu, constants.cpu_adam_seconds_per_param)
     return PriorEstimate(allocated, allocated * constants.fragmentation_of(setting)[0], compute + optimizer, compute,
@@ -666,7 +672,7 @@ def _time_constants(observations: list[_Observation], slopes: list[LadderSlope],
 
     def beyond_compute(o: _Observation) -> float:
         return (o.seconds - o.batch * rate.seconds_per_sample(o.arch, o.setting, o.gpu)
-                - lora_launch_seconds(o.arch, o.setting))
+                - setting_terms(o.arch, o.setting).lora_launch_seconds)
 
     on_gpu = [o for o in observations if not o.setting.offload_optimizer]
     overheads = [beyond_compute(o) - optimizer_seconds(o.arch, o.setting, o.gpu, 0.0) for o in on_gpu]

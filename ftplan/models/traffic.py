@@ -82,11 +82,14 @@ def lora_adapter_bytes(arch: Architecture, setting: Setting) -> float:
     return float(per_token * setting.seq_len)
 
 
-def memory_bound_seconds(arch: Architecture, setting: Setting, gpu: GpuSpec) -> float:
-    """Seconds per sample of eager attention's score traffic and LoRA's adapter traffic at the share of the GPU's
-    memory bandwidth such passes reach."""
-    traffic = eager_attention_bytes(arch, setting) + lora_adapter_bytes(arch, setting)
-    return traffic / (gpu.memory_bandwidth_gbs * 1e9 * MEMORY_BOUND_BANDWIDTH_SHARE)
+def memory_bound_bytes(arch: Architecture, setting: Setting) -> float:
+    """Bytes per sample of eager attention's score traffic and LoRA's adapter traffic."""
+    return eager_attention_bytes(arch, setting) + lora_adapter_bytes(arch, setting)
+
+
+def memory_bound_seconds(traffic_bytes: float, gpu: GpuSpec) -> float:
+    """Seconds those bytes take at the share of the GPU's memory bandwidth such passes reach."""
+    return traffic_bytes / (gpu.memory_bandwidth_gbs * 1e9 * MEMORY_BOUND_BANDWIDTH_SHARE)
 
 
 # What each LoRA adapter adds to a step whatever the batch: its ~20 kernel launches forward and backward and PEFT's
@@ -97,6 +100,6 @@ def memory_bound_seconds(arch: Architecture, setting: Setting, gpu: GpuSpec) -> 
 LORA_SECONDS_PER_ADAPTER_STEP = 160e-6
 
 
-def lora_launch_seconds(arch: Architecture, setting: Setting) -> float:
-    """Per-step seconds of every LoRA adapter's launches."""
-    return LORA_SECONDS_PER_ADAPTER_STEP * len(_adapted_linears(arch, setting))
+def lora_adapters(arch: Architecture, setting: Setting) -> int:
+    """How many LoRA adapters a step launches (each costs LORA_SECONDS_PER_ADAPTER_STEP)."""
+    return len(_adapted_linears(arch, setting))
