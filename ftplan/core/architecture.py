@@ -29,7 +29,7 @@ _OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "num_experts", "num_local_
 _FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "qkv_bias")
 LARGEST_SIZE = 2**24  # 16M: 100x the largest vocabulary or hidden size of any released model; above it, a typo
 EXPERTS_TARGET = "experts"  # LoRA target name for the router and fused experts (PEFT's target_parameters)
-_PEFT_EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")  # names PEFT remaps onto the fused experts
+_PEFT_EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")  # names PEFT also maps onto an MoE's fused experts
 
 
 @dataclass(frozen=True)
@@ -230,20 +230,19 @@ class Architecture:
         return sum(linear.in_features * linear.out_features for linear in self.structure.linears)
 
     def all_linear_targets(self) -> tuple[str, ...]:
-        """Module names PEFT's `target_modules="all-linear"` adapts: every Linear but the output layer, or,
-        where PEFT converts it for fused experts, the attention projections and EXPERTS_TARGET."""
+        """Module names PEFT's `target_modules="all-linear"` adapts: every Linear but the output layer, and on
+        an MoE the router and fused experts too (EXPERTS_TARGET; PEFT >= 0.22 converts them to target_parameters)."""
         names = tuple(dict.fromkeys(linear.name for linear in self.structure.linears))
-        if self.family and self.family.peft_adapts_experts:
-            return tuple(n for n in names if n not in _PEFT_EXPERT_NAMES) + (EXPERTS_TARGET,)
-        return names
+        return names + (EXPERTS_TARGET,) if self.experts else names
 
     def resolve_lora_targets(self, targets: tuple[str, ...]) -> tuple[str, ...]:
         """The module names LoRA adapts: the default (Llama's seven projections) means all-linear, so on
         Phi-3 it names the fused qkv_proj and gate_up_proj, and on Qwen2-MoE the shared expert too."""
         if set(targets) == set(ALL_LINEAR_TARGETS):
             return self.all_linear_targets()
-        if EXPERTS_TARGET in targets and set(targets) != set(self.all_linear_targets()):
-            raise FtplanError(f"LoRA adapts the fused experts of {self.id} only as part of all-linear (the default targets)")
+        if self.experts and set(targets) & {EXPERTS_TARGET, *_PEFT_EXPERT_NAMES}:
+            raise FtplanError(f"on {self.id} PEFT maps {'/'.join(_PEFT_EXPERT_NAMES)} onto the fused experts too; "
+                              "adapt them as part of all-linear (the default targets) or leave them out")
         unknown = set(targets) - set(self.all_linear_targets())
         if unknown:
             raise FtplanError(f"unknown LoRA target module(s) {sorted(unknown)} for {self.id}; "

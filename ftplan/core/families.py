@@ -32,9 +32,6 @@ class Family:
     moe: str = ""
     expert_width_key: str = "intermediate_size"
     shared_expert: bool = False          # Qwen2-MoE: one always-on MLP and its sigmoid gate
-    # PEFT (0.21, with transformers 5) turns `all-linear` on these into LoRA on the router and the fused
-    # experts (target_parameters, gate_up at twice the rank), and then adapts no dense gate/up/down Linear.
-    peft_adapts_experts: bool = False
     defaults: dict = field(default_factory=dict)
 
 
@@ -51,16 +48,16 @@ FAMILIES: dict[str, Family] = {
                           defaults={"tie_word_embeddings": True, "head_dim": 256}),
     "phi3": Family(fused_projections=True, defaults=_LLAMA_DEFAULTS),
     "olmo2": Family(attention_bias_key=True, qk_norm="full", fp32_norm_weight=True, defaults=_LLAMA_DEFAULTS),
-    "mixtral": Family(moe="experts", peft_adapts_experts=True, defaults={"tie_word_embeddings": False,
+    "mixtral": Family(moe="experts", defaults={"tie_word_embeddings": False,
                                                 "num_local_experts": 8, "num_experts_per_tok": 2}),
-    "olmoe": Family(attention_bias_key=True, qk_norm="full", moe="experts", peft_adapts_experts=True,
+    "olmoe": Family(attention_bias_key=True, qk_norm="full", moe="experts",
                     defaults={"tie_word_embeddings": False, "num_experts": 64, "num_experts_per_tok": 8}),
     "qwen2_moe": Family(moe="sparse_step", expert_width_key="moe_intermediate_size", shared_expert=True,
                         defaults={"tie_word_embeddings": False, "qkv_bias": True,
                                   "num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
                                   "shared_expert_intermediate_size": 5632, "decoder_sparse_step": 1}),
     "qwen3_moe": Family(attention_bias_key=True, qk_norm="head", moe="sparse_step",
-                        expert_width_key="moe_intermediate_size", peft_adapts_experts=True,
+                        expert_width_key="moe_intermediate_size",
                         defaults={"tie_word_embeddings": False,
                                   "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
                                   "decoder_sparse_step": 1}),
