@@ -134,6 +134,27 @@ def test_lora_all_linear_trains_what_peft_counts(name):
     assert total == arch.params_total + trainable
 
 
+@pytest.mark.parametrize("name", [*TINY, "phi-3-mini-4k", "olmoe-1b-7b"])
+def test_a_live_all_linear_run_reads_as_the_default_targets_with_peft_trainable_count(name):
+    """The Trainer callback reads a user's PEFT model: all-linear, however PEFT expanded it (target_modules and,
+    on an MoE, target_parameters), is the calibrations' default targets, and ftplan counts what PEFT trains."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ftplan.calibration.trainer_setting import lora_setting
+
+    arch = load_architecture(name)
+    config = AutoConfig.for_model(**{k: v for k, v in arch.config.items() if not k.startswith("_")})
+    with torch.device("meta"):
+        model = get_peft_model(AutoModelForCausalLM.from_config(config),
+                               LoraConfig(r=8, target_modules="all-linear", task_type="CAUSAL_LM"))
+    rank, targets = lora_setting(model, arch)
+    assert (rank, targets) == (8, ALL_LINEAR_TARGETS)
+    assert arch.lora_params(rank, targets) == model.get_nb_trainable_parameters()[0]
+
+
 def test_explicit_targets_leave_the_experts_out():
     arch = load_architecture("olmoe-1b-7b")
     attention_only = arch.lora_params(8, ("q_proj", "k_proj", "v_proj", "o_proj"))

@@ -268,7 +268,7 @@ class _Run:
         self.params_trainable = sum(getattr(p, "ds_numel", p.numel()) for p in trainable)
         # Setting has no field for it: pure-bf16 weights need less memory than the trials' fp32 ones
         self.trainable_dtype = str(trainable[0].dtype).removeprefix("torch.") if trainable else None
-        self._fields = setting_fields(args, model, self.arch.id)
+        self._fields = setting_fields(args, model, self.arch)
         self.seq_len_given = seq_len  # only until a batch is seen: the record holds the shapes that ran
         self.seq_len_max: int | None = None
         self.seq_len_min: int | None = None

@@ -14,6 +14,7 @@ from pathlib import Path
 from ftplan.calibration import measure
 from ftplan.core.architecture import (
     ALL_LINEAR_TARGETS,
+    EXPERTS_TARGET,
     Architecture,
     available_architectures,
     load_architecture,
@@ -21,13 +22,13 @@ from ftplan.core.architecture import (
 from ftplan.core.paths import file_name_part
 
 
-def setting_fields(args, model, model_id: str) -> dict:
+def setting_fields(args, model, arch: Architecture) -> dict:
     """Setting fields (all but the sequence length) as this run uses them."""
     zero_stage, offload = deepspeed_zero(args)
-    lora_rank, lora_targets = _lora(model)
+    lora_rank, lora_targets = lora_setting(model, arch)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", args.world_size))
     return {
-        "model": model_id,
+        "model": arch.id,
         "precision": _precision(args, model),
         "optimizer": getattr(args.optim, "value", str(args.optim)),
         "zero_stage": zero_stage,
@@ -68,8 +69,19 @@ def deepspeed_zero(args) -> tuple[int, bool]:
     return stage, offload and stage > 0
 
 
+def lora_setting(model, arch: Architecture) -> tuple[int, tuple[str, ...]]:
+    """LoRA rank and targets as the calibrations write them: LoRA on every linear (and an MoE's experts) is the
+    default targets, whatever names PEFT expanded `all-linear` to (Phi-3's fused qkv_proj, Qwen2-MoE's shared
+    expert), so the run meets the records of its setting."""
+    rank, targets = _lora(model)
+    if rank and arch.resolve_lora_targets(targets) == arch.all_linear_targets():
+        return rank, ALL_LINEAR_TARGETS
+    return rank, targets
+
+
 def _lora(model) -> tuple[int, tuple[str, ...]]:
-    """LoRA rank and adapted module names (short names, in ftplan's order); (0, all-linear) for full fine-tuning."""
+    """LoRA rank and adapted module names (short names, in ftplan's order); (0, all-linear) for full fine-tuning.
+    Parameters PEFT adapts in place (target_parameters: an MoE's router and fused experts) read as EXPERTS_TARGET."""
     config = (getattr(model, "peft_config", None) or {}).get("default")
     if config is None or not getattr(config, "r", 0):
         return 0, ALL_LINEAR_TARGETS
@@ -78,7 +90,7 @@ def _lora(model) -> tuple[int, tuple[str, ...]]:
         return config.r, ALL_LINEAR_TARGETS
     names = {t.rsplit(".", 1)[-1] for t in ([targets] if isinstance(targets, str) else targets)}
     ordered = tuple(t for t in ALL_LINEAR_TARGETS if t in names) + tuple(sorted(names - set(ALL_LINEAR_TARGETS)))
-    return config.r, ordered
+    return config.r, ordered + ((EXPERTS_TARGET,) if getattr(config, "target_parameters", None) else ())
 
 
 def _checkpointing(args, model) -> bool:

@@ -240,6 +240,8 @@ class Architecture:
         Phi-3 it names the fused qkv_proj and gate_up_proj, and on Qwen2-MoE the shared expert too."""
         if set(targets) == set(ALL_LINEAR_TARGETS):
             return self.all_linear_targets()
+        if set(targets) == set(self.all_linear_targets()):  # all-linear as PEFT expands it (a live run's config)
+            return self.all_linear_targets()
         if self.experts and set(targets) & {EXPERTS_TARGET, *_PEFT_EXPERT_NAMES}:
             raise FtplanError(f"on {self.id} PEFT maps {'/'.join(_PEFT_EXPERT_NAMES)} onto the fused experts too; "
                               "adapt them as part of all-linear (the default targets) or leave them out")
