@@ -22,6 +22,12 @@ def test_time_is_steps_times_seconds_and_cost_bills_every_gpu():
     assert eta.cost == pytest.approx(50 / 3600 * 3.0 * 4)
 
 
+def test_the_upper_eta_and_cost_take_the_step_times_upper_bound():
+    eta = estimate_eta(2.0, 1000, 1, 10, 4, price_per_gpu_hour=3.0, upper_seconds_per_step=3.0)
+    assert eta.upper_total_seconds == 75 and eta.upper_cost == pytest.approx(eta.cost * 1.5)
+    assert estimate_eta(2.0, 1000, 1, 10, 4).upper_total_seconds is None
+
+
 def test_no_price_means_no_cost():
     assert estimate_eta(1.0, 10, 1, 1, 1).cost is None
 
@@ -50,6 +56,9 @@ def test_eta_command_reports_steps_time_cost_and_the_memory_verdict(tmp_path, ca
     fits = json.loads(out)
     assert fits["fits"] and fits["eta"]["steps"] == 9846 and fits["prediction"]["source"] == "measured"
     assert fits["eta"]["cost"] == pytest.approx(fits["eta"]["hours"] * 0.5)
+    upper = fits["prediction"]["seconds_per_step"]["upper"]
+    assert fits["eta"]["total_seconds_upper"] == pytest.approx(fits["eta"]["steps"] * upper)
+    assert fits["eta"]["total_seconds_upper"] > fits["eta"]["total_seconds"]
     code, out, err = run_ftplan([*base, "--batch-size", 3], capsys, monkeypatch)  # ran out of memory when measured
     assert code == 3, err  # "does not fit"
     assert not json.loads(out)["fits"]

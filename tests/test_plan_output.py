@@ -80,6 +80,15 @@ def test_without_full_or_lora_the_best_of_each_is_shown_side_by_side_with_what_i
     assert options["full"]["setup"]["label"] in out and options["lora"]["setup"]["label"] in out
 
 
+def test_each_side_of_the_side_by_side_is_what_that_kind_alone_recommends(capsys, monkeypatch):
+    """The LoRA column once showed the fastest LoRA setup (zero2+offload) while --lora recommended the simplest
+    one within the near tie (ddp): the two must be one choice."""
+    base = ["plan", "--model", "gemma-3-1b", "--dataset-size", 50000, "--gpu", "A100-80GB"]
+    options = {o["training"]: o["setup"]["label"] for o in _json(base, capsys, monkeypatch)["best_by_training"]}
+    for kind in ("full", "lora"):
+        assert options[kind] == _json([*base, f"--{kind}"], capsys, monkeypatch)["recommendation"]["label"], kind
+
+
 def test_full_asks_only_about_full_fine_tuning(capsys, monkeypatch):
     out = _plan([*PLAN_8B, "--full"], capsys, monkeypatch)
     plan = _json([*PLAN_8B, "--full"], capsys, monkeypatch)

@@ -254,7 +254,7 @@ def _print_recommendation(plan: Plan, console: Console, failed: dict[Setting, st
     if rec is not None:
         which = " (the fastest of both kinds)" if both else ""
         console.print(f"\n[bold]Recommendation: {rec.label}, batch {rec.batch} per GPU, "
-                      f"ETA {format_duration(rec.eta.total_seconds)}[/]{which}")
+                      f"ETA {format_duration(rec.eta.total_seconds)}[/]{_upper_time(rec.eta)}{which}")
         console.print(_bullets(advice.reasons(plan, training_note=not both)))
 
 
@@ -316,11 +316,19 @@ def memory_verdict(prediction: Prediction, budget: MemoryBudget) -> str:
 def eta_lines(prediction: Prediction, eta: Eta, budget: MemoryBudget) -> list[str]:
     lines = [f"steps: {eta.steps:,}",
              f"seconds per step: {eta.seconds_per_step:.2f} (upper {prediction.seconds_per_step.upper:.2f})",
-             f"total time: {format_duration(eta.total_seconds)} ({eta.hours:.2f} h)",
-             f"cost: {_cost(eta)}" + (" (price per GPU-hour × GPUs)" if eta.cost is not None else ""),
+             f"total time: {format_duration(eta.total_seconds)} ({eta.hours:.2f} h)" + _upper_time(eta),
+             f"cost: {_cost(eta)}" + (f" (price per GPU-hour × GPUs; up to {eta.upper_cost:,.2f} at the step time's "
+                                      "upper bound)" if eta.cost is not None and eta.upper_cost is not None else
+                                      " (price per GPU-hour × GPUs)" if eta.cost is not None else ""),
              memory_verdict(prediction, budget),
              f"source: {prediction.source}"]
     return lines + [f"note: {note}" for note in prediction.notes]
+
+
+def _upper_time(eta: Eta) -> str:
+    """', up to H:MM at the step time's upper bound', where the ETA has one: the figure to budget GPU hours by."""
+    upper = eta.upper_total_seconds
+    return "" if upper is None else f", up to {format_duration(upper)} at the step time's upper bound"
 
 
 def gpu_table(catalog: dict[str, GpuSpec]) -> Table:

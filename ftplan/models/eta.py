@@ -13,16 +13,28 @@ from ftplan.core.errors import FtplanError
 
 @dataclass(frozen=True)
 class Eta:
-    """A training run's length. cost is None when no price was given; price is per GPU-hour."""
+    """A training run's length. cost is None when no price was given; price is per GPU-hour. The upper figures
+    take the step time's upper bound (None where none was given): what a budget for GPU hours should hold."""
 
     steps: int
     seconds_per_step: float
     total_seconds: float
     cost: float | None
+    upper_seconds_per_step: float | None = None
 
     @property
     def hours(self) -> float:
         return self.total_seconds / 3600
+
+    @property
+    def upper_total_seconds(self) -> float | None:
+        return None if self.upper_seconds_per_step is None else self.steps * self.upper_seconds_per_step
+
+    @property
+    def upper_cost(self) -> float | None:
+        if self.cost is None or self.upper_seconds_per_step is None:
+            return None
+        return self.cost * self.upper_seconds_per_step / self.seconds_per_step if self.seconds_per_step else self.cost
 
 
 # More optimizer steps than any fine-tune takes (a million steps of a second is eleven days): beyond it
@@ -69,12 +81,14 @@ def largest_micro_batch(dataset_size: int, world_size: int) -> int:
 
 
 def estimate_eta(seconds_per_step: float, dataset_size: int, epochs: float, micro_batch: int,
-                 world_size: int, price_per_gpu_hour: float | None = None) -> Eta:
+                 world_size: int, price_per_gpu_hour: float | None = None,
+                 upper_seconds_per_step: float | None = None) -> Eta:
     """Total time = steps × s/step; cost = hours × price per GPU-hour × GPUs (every GPU is billed)."""
     steps = steps_to_finish(dataset_size, epochs, micro_batch, world_size)
     total = steps * seconds_per_step
     cost = None if price_per_gpu_hour is None else total / 3600 * price_per_gpu_hour * world_size
-    return Eta(steps=steps, seconds_per_step=seconds_per_step, total_seconds=total, cost=cost)
+    return Eta(steps=steps, seconds_per_step=seconds_per_step, total_seconds=total, cost=cost,
+               upper_seconds_per_step=upper_seconds_per_step)
 
 
 def format_duration(seconds: float) -> str:

@@ -154,8 +154,7 @@ def training_options(plan: Plan) -> list[TrainingOption]:
     user names neither, both are shown and the choice is theirs.
     """
     arch = load_architecture(plan.request.base.model)
-    best = {kind: next((s for s in plan.ranked if s.training == kind), None) for kind in ("full", "lora")}
-    full, lora = best["full"], best["lora"]
+    full, lora = plan.best_of("full"), plan.best_of("lora")
     options = []
     if full is not None:
         trade = (f"all {arch.params_total:,} parameters learn: the most room for a large shift in domain or task; "

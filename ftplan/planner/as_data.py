@@ -30,7 +30,8 @@ def prediction_to_dict(prediction: Prediction) -> dict:
 
 def eta_to_dict(eta: Eta) -> dict:
     return {"steps": eta.steps, "seconds_per_step": eta.seconds_per_step, "total_seconds": eta.total_seconds,
-            "hours": eta.hours, "cost": eta.cost}
+            "hours": eta.hours, "cost": eta.cost, "seconds_per_step_upper": eta.upper_seconds_per_step,
+            "total_seconds_upper": eta.upper_total_seconds, "cost_upper": eta.upper_cost}
 
 
 def setup_to_dict(setup: SetupPlan, failed: dict[Setting, str] | None = None) -> dict:

@@ -193,13 +193,20 @@ class Plan:
 
     @property
     def recommended(self) -> SetupPlan | None:
-        """The best of the candidates; among those within NEAR_TIE of it, the best-measured, then the one with
-        the fewest moving parts, then the first."""
-        candidates = self.candidates
-        if not candidates:
+        """The candidates' choice (`_choose`)."""
+        return self._choose(self.candidates)
+
+    def best_of(self, training: str) -> SetupPlan | None:
+        """The same choice among one kind of training ("full" or "lora"): what the side-by-side shows of it."""
+        return self._choose([s for s in self.ranked if s.training == training])
+
+    def _choose(self, ranked: list[SetupPlan]) -> SetupPlan | None:
+        """The best of `ranked`; among those within NEAR_TIE of it, the best-measured, then the one with the
+        fewest moving parts, then the first."""
+        if not ranked:
             return None
         score = (lambda s: s.eta.cost) if self.request.by == "cost" else (lambda s: s.eta.total_seconds)
-        tied = [s for s in candidates if score(s) <= score(candidates[0]) * (1 + NEAR_TIE)]
+        tied = [s for s in ranked if score(s) <= score(ranked[0]) * (1 + NEAR_TIE)]
         return min(tied, key=lambda s: (TRUST.get(s.best.source, len(TRUST)), _moving_parts(s.setting)))
 
     @property
@@ -230,7 +237,7 @@ def plan_setup(predictor: Predictor, setting: Setting, request: PlanRequest) -> 
     if best is None:
         return SetupPlan(setting, at_one, host_bytes=host)
     eta = estimate_eta(best.seconds_per_step.mean, request.dataset_size, request.epochs, best.micro_batch,
-                       setting.world_size, request.price_per_gpu_hour)
+                       setting.world_size, request.price_per_gpu_hour, best.seconds_per_step.upper)
     return SetupPlan(setting, at_one, best, eta, host_bytes=host)
 
 

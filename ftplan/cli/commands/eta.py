@@ -61,7 +61,7 @@ def command(batch_size: int, dataset_size: int, epochs: float, price_per_hour: f
               "description": describe_layout(setting.gpus, setting.nodes)}
     prediction = workspace.predict(setting, batch_size)
     eta = estimate_eta(prediction.seconds_per_step.mean, dataset_size, epochs, batch_size, setting.world_size,
-                       price_per_hour)
+                       price_per_hour, prediction.seconds_per_step.upper)
     fits = fits_budget(prediction, budget) and host_enough
     if as_json:
         click.echo(json.dumps({"setting": setting.to_dict(), "gpu": gpu.name, "fits": fits,
@@ -87,8 +87,8 @@ def _check_positive(batch_size: int, price_per_hour: float | None) -> None:
 def _echo_eta(setting: Setting, gpu_name: str, batch_size: int, dataset_size: int, epochs: float, links_text: str,
               lines: list[str]) -> None:
     """The run in words first, so the verdict lines below it are read as this run's; links only where GPUs talk."""
-    click.echo(f"{setting.label()} on {setting.world_size} x {gpu_name}, batch {batch_size} per GPU, "
-               f"{dataset_size:,} samples x {epochs:g} epochs")
+    click.echo(f"{setting.label()} on {setting.world_size} × {gpu_name}, batch {batch_size} per GPU, "
+               f"{dataset_size:,} samples × {epochs:g} epoch{'' if epochs == 1 else 's'}")
     click.echo(f"  layout: {describe_layout(setting.gpus, setting.nodes)}")
     if setting.world_size > 1:
         click.echo(f"  {links_text}")
