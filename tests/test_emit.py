@@ -91,6 +91,8 @@ def test_a_multi_gpu_emit_succeeds_and_says_how_to_try_it_without_rehearse(tmp_p
                                        "--dataset-size", "1000", "--emit", out], capsys, monkeypatch)
     assert code == 0 and (out / "training_args.py").exists()
     assert "`ftplan rehearse` runs one GPU; this plan uses 2" in stdout + stderr
+    readme = " ".join((out / "README.txt").read_text().split())  # the folder says the same, not "run rehearse"
+    assert "`ftplan rehearse` runs one GPU and this plan uses 2" in readme and "rehearse THIS_FOLDER" not in readme
 
 
 def test_an_occupied_emit_folder_is_refused_before_the_plan_is_made(tmp_path, capsys, monkeypatch):

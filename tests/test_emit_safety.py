@@ -78,7 +78,7 @@ def test_the_emitted_folder_runs_from_wherever_it_is_copied(tmp_path, monkeypatc
     monkeypatch.chdir(copy)
     args = TrainingArguments(**current_names(kwargs, TrainingArguments), use_cpu=True)  # no GPU here: bf16 needs use_cpu
     assert args.hf_deepspeed_config.config["zero_optimization"]["stage"] == 2
-    assert "Run it from this folder" in (copy / README).read_text()
+    assert "from this folder" in (copy / README).read_text()
 
 
 def test_plan_emit_into_a_non_empty_folder_is_one_error_line_and_force_writes_it(tmp_path, capsys, monkeypatch):

@@ -132,7 +132,7 @@ def _batch_shape_lines(setting: Setting, batch: PlannedBatch) -> list[str]:
 
 def _run_lines(setting: Setting, batch: PlannedBatch) -> list[str]:
     """Where to launch from, since the arguments' paths are relative to the folder."""
-    return ["", "Run it from this folder: the paths in the arguments (output/"
+    return ["", "Run your train.py (copied here) from this folder: the paths in the arguments (output/"
             + (", ds_config.json" if setting.uses_deepspeed else "") + ") are relative to it, so the folder",
             "works wherever it is copied (to the cluster, say):",
             f"    cd THIS_FOLDER && {_launch_command(setting)}",
@@ -167,13 +167,23 @@ REHEARSE_LINES = ("", "Before the full run, on the GPU: `ftplan rehearse THIS_FO
                   "heaviest batches; if it runs out of memory or comes within the safety margin it lowers the batch",
                   "(raising gradient accumulation to keep the global batch), and while a run leaves room it tries a",
                   "larger one (where the plan chose the global batch); it rewrites this folder to the largest that ran.")
+# `ftplan rehearse` runs one GPU (planner/rehearse.py refuses more): a multi-GPU folder is tried with its launcher.
+CLUSTER_REHEARSE_LINES = ("", "Before the full run: `ftplan rehearse` runs one GPU and this plan uses {gpus}, so run the launch",
+                          "command above for a few steps first (max_steps=20 in TrainingArguments) on the heaviest batches;",
+                          "the batch is not verified until such a run has ended without running out of memory.")
+
+
+def _rehearse_lines(setting: Setting) -> tuple[str, ...]:
+    if setting.world_size > 1:
+        return tuple(line.format(gpus=setting.world_size) for line in CLUSTER_REHEARSE_LINES)
+    return REHEARSE_LINES
 
 
 def readme(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch, plan_warnings: Sequence[str] = ()) -> str:
     """How to use the files, and the collator, Liger and LoRA lines the Trainer arguments cannot carry."""
     setting = setup.setting
     lines = [*_recipe_lines(setup, request, batch), *_batch_shape_lines(setting, batch), *_run_lines(setting, batch),
-             *_allocator_lines(batch), *_liger_lines(setting), *REHEARSE_LINES]
+             *_allocator_lines(batch), *_liger_lines(setting), *_rehearse_lines(setting)]
     if plan_warnings:  # the folder travels without the terminal that showed them
         lines += ["", "WARNINGS from the plan:", *(f"  - {w}" for w in plan_warnings)]
     return "\n".join(lines) + "\n"
