@@ -31,6 +31,23 @@ def test_large_batches_follow_the_steeper_phase_not_the_line_through_small_ones(
     assert fit.peak_allocated(16, 2048).mean == pytest.approx(truth, rel=0.005)
 
 
+def test_a_ladder_whose_step_time_falls_warns_and_never_prices_a_large_batch_at_a_small_ones_time():
+    """A loaded 2-core host calibrated batch 1 in 4.18 s, 2 in 5.01 and 4 in 3.22: the flat fit priced batch 432
+    at 4.1 s a step. Without a compute rate (a CPU) a sample now costs at least the best measured per-sample time."""
+    from ftplan.models.fit import NoisyLadderWarning
+
+    times = {1: 4.18, 2: 5.01, 4: 3.22}
+    noisy = synthetic_records([1, 2, 4], seconds=lambda b, s: times[b], setting=SETTING.with_(model="tiny-llama"))
+    with pytest.warns(NoisyLadderWarning, match="step time fell as the batch grew"):
+        fit = fit_setting(noisy)
+    assert fit.seconds_per_step(432, 2048).mean >= 432 * 3.22 / 4 * 0.99
+    assert fit.seconds_per_step(4, 2048).mean == pytest.approx(times[4], rel=0.3)  # measured batches keep their fit
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoisyLadderWarning)  # a real, growing ladder: no warning, no floor
+        steady = fit_setting(synthetic_records([1, 2, 4], setting=SETTING.with_(model="tiny-llama")))
+    assert steady.seconds_per_step(4, 2048).mean == pytest.approx(0.2 + 0.1 * 4, rel=0.01)
+
+
 def test_concave_noise_in_three_points_gives_one_line():
     fit = fit_setting(synthetic_records([1, 2, 3], memory=lambda b, s: [0, 10, 14, 17][b] * GIB))
     assert len(fit.allocated.lines) == 1

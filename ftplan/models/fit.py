@@ -332,6 +332,11 @@ def fit_setting(records: list[dict], compute_rate: ComputeRate | None = None) ->
     slopes = _compute_slopes(time, first, compute_rate) if compute_rate else None
     if slopes:
         time = with_line_below_points(time, slopes, *_columns(timed, "seconds_per_step"))
+    elif _time_falls_with_batch(timed):
+        warnings.warn(f"{label}: step time fell as the batch grew ({_time_ladder(timed)}), so the measurements are "
+                      "noise-bound (a busy host?); beyond them time grows at the best measured seconds per sample",
+                      NoisyLadderWarning, stacklevel=2)
+        time = with_line_below_points(time, _per_sample_floor(time, timed), *_columns(timed, "seconds_per_step"))
     capacity = max((r.get("gpu_memory_total_bytes") or 0 for r in records), default=0) or None
     return SettingFit(setting=setting_without_seq_len(first), gpu_name=str(first.get("gpu_name")), capacity_bytes=capacity,
                       allocated=allocated, overhead=overhead, time=time, walls=walls,
@@ -399,6 +404,36 @@ def _logit_bytes_per_token(record: dict) -> float:
     """Bytes of one fp32 logits tensor per token; 0 for an unknown architecture (no term)."""
     known = _known(record)
     return logit_elements_per_sample(*known) * FP32_BYTES / known[1].seq_len if known else 0.0
+
+
+class NoisyLadderWarning(Warning):
+    """Step times that contradict any real run: kept apart from the warnings about groups too small to fit,
+    which planning silences, because a plan resting on them must say so."""
+
+
+def _time_falls_with_batch(timed: list[dict]) -> bool:
+    """Whether some length's largest batch ran faster a step than its smallest: no real run does, so the
+    ladder is noise (a loaded CPU host ran batch 4 in 3.2 s and batch 1 in 4.2), and its flat fit would price
+    a batch of 432 at batch 1's step time."""
+    by_length: dict[int, list[dict]] = {}
+    for record in timed:
+        by_length.setdefault(record["seq_len"], []).append(record)
+    ladders = [sorted(group, key=lambda r: r["micro_batch"]) for group in by_length.values() if len(group) > 1]
+    return any(ladder[-1]["seconds_per_step"] < ladder[0]["seconds_per_step"] for ladder in ladders)
+
+
+def _time_ladder(timed: list[dict]) -> str:
+    return ", ".join(f"batch {r['micro_batch']}: {r['seconds_per_step']:.3g} s"
+                     for r in sorted(timed, key=lambda r: (r["seq_len"], r["micro_batch"])))
+
+
+def _per_sample_floor(time: Curve, timed: list[dict]) -> tuple[float, ...]:
+    """Slopes of the line through the origin under every point: a sample costs at least the best measured
+    seconds per sample (a GPU's per-sample time only falls with the batch, so beyond the ladder this is
+    conservative, never free)."""
+    batch, seq_len, y = _columns(timed, "seconds_per_step")
+    first = time.features(batch, seq_len)[:, 0]
+    return (float(np.min(y / first)),) + (0.0,) * (len(time.lines[0].slopes) - 1)
 
 
 def _compute_slopes(time: Curve, record: dict, rate: ComputeRate) -> tuple[float, ...] | None:
