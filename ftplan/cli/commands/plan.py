@@ -60,7 +60,8 @@ def _training(ctx: click.Context, choice: str, given: bool) -> None:
               help="Passes over the dataset (fractions allowed).")
 @click.option("--seq-len", type=int, default=DEFAULT_SEQ_LEN, show_default=True,
               help="Tokens per sample (padded). With --dataset: the longest a sample may be (longer ones are "
-                   "truncated or dropped, --too-long); not given, the dataset's longest sample.")
+                   "truncated or dropped, --too-long); not given, the dataset's longest sample, and with "
+                   f"--batching pack rows of {DEFAULT_SEQ_LEN} tokens (--pack-length sets them).")
 @gpu_options
 @click.option("--gpus", default="1", show_default=True,
               help="GPUs in all: a count (8), a list (1,2,4) or a doubling range (1..128); several counts add a "
