@@ -32,6 +32,24 @@ def test_fit_without_arguments_reads_the_users_calibrations_folder_like_plan(tmp
     assert "tiny-llama" in out
 
 
+def test_fit_never_replaces_a_file_unasked_nor_the_records_it_reads(tmp_path, capsys, monkeypatch):
+    """`fit cal.jsonl --out cal.jsonl` wrote the fits over the measurements; any existing --out was replaced."""
+    records = tmp_path / "cal.jsonl"
+    _write(records, synthetic_records([1, 2, 4], setting=Setting("tiny-llama")))
+    kept = records.read_text()
+    for out, force in ((records, True), (tmp_path / "notes.json", False)):
+        if out != records:
+            out.write_text("the user's")
+        code, _, err = run_ftplan(["fit", records, "--out", out, *(["--force"] if force else [])], capsys, monkeypatch)
+        assert code == 2 and err.strip().count("\n") == 0 and "error:" in err, err
+    assert records.read_text() == kept and (tmp_path / "notes.json").read_text() == "the user's"
+    (tmp_path / "link.json").symlink_to(tmp_path / "elsewhere.json")
+    code, _, err = run_ftplan(["fit", records, "--out", tmp_path / "link.json", "--force"], capsys, monkeypatch)
+    assert code == 2 and "symlink" in err and not (tmp_path / "elsewhere.json").exists()
+    code, _, err = run_ftplan(["fit", records, "--out", tmp_path / "notes.json", "--force"], capsys, monkeypatch)
+    assert code == 0 and "fits" in json.loads((tmp_path / "notes.json").read_text())
+
+
 def test_a_fit_warning_names_its_model(tmp_path, capsys, monkeypatch):
     lone = build_record(Setting("tiny-llama"), 1, "ok", gpu_name="H200", gpu_memory_total_bytes=141 * GIB,
                         peak_allocated_bytes=GIB, peak_reserved_bytes=2 * GIB, seconds_per_step=0.1,

@@ -20,11 +20,15 @@ from ftplan.store.records import read_records
 @click.command("fit")
 @click.argument("records", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), default=Path("fits.json"), show_default=True,
-              help="Where to write the fits (JSON, with the records they came from).")
-def command(records: tuple[Path, ...], out: Path) -> None:
+              help="Where to write the fits (JSON, with the records they came from); an existing file only with "
+                   "--force.")
+@click.option("--force", is_flag=True, help="Replace an existing --out file (never a records file being read).")
+def command(records: tuple[Path, ...], out: Path, force: bool) -> None:
     """Fit memory and time against batch size from calibration RECORDS (JSONL files or folders;
     default: the calibrations shipped in data/ plus ./calibrations/ when it exists, as plan and predict read)."""
-    records_read = read_records(records or default_calibrations())
+    inputs = records or default_calibrations()
+    refuse_out(out, inputs, force)
+    records_read = read_records(inputs)
     fits = fit_naming_models(records_read)
     if not fits.fits:
         raise FtplanError("no setting has two or more healthy batch sizes to fit")
@@ -34,6 +38,24 @@ def command(records: tuple[Path, ...], out: Path) -> None:
         raise FtplanError(f"cannot write fits file {out}: {exc.strerror}") from None
     print_table(make_console(), fit_table(fits))
     click.echo(f"wrote {len(fits.fits)} fit(s) to {out}")
+
+
+def refuse_out(out: Path, inputs, force: bool) -> None:
+    """Nothing a user wrote is replaced unasked: an existing --out needs --force, a symlink is never written
+    through, and a records file being read is never the output (`fit cal.jsonl --out cal.jsonl` erased it)."""
+    if out.is_symlink():
+        raise FtplanError(f"{out} is a symlink; write the fits to a real file")
+    if out.exists() and any(_reads(Path(source), out) for source in inputs):
+        raise FtplanError(f"{out} is a calibration records file this fit reads; choose another --out")
+    if out.exists() and not force:
+        raise FtplanError(f"{out} exists; pass --force to replace it, or choose another --out")
+
+
+def _reads(source: Path, out: Path) -> bool:
+    """Whether reading `source` (a records file, or a folder of *.jsonl) reads `out`."""
+    if source.is_dir():
+        return out.suffix == ".jsonl" and out.resolve().parent == source.resolve()
+    return out.resolve() == source.resolve()
 
 
 def fit_naming_models(records: list[dict]) -> FitSet:
