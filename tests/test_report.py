@@ -21,6 +21,20 @@ def test_report_writes_the_charts_including_scaling_against_gpu_count(tmp_path, 
         assert str(out / name) in stdout
 
 
+def test_report_writes_into_a_folder_with_files_only_with_force(tmp_path, capsys, monkeypatch):
+    """A user's own memory_vs_batch.png in --out was replaced unasked."""
+    external = write_external_jsonl(tmp_path / "external.jsonl")
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / MEMORY_PNG).write_text("the user's chart")
+    args = ["report", "--model", "qwen1.5-0.5b", "--calibrations", external, "--out", out, "--gpus", "1"]
+    code, _, err = run_ftplan(args, capsys, monkeypatch)
+    assert code == 2 and "--force" in err and (out / MEMORY_PNG).read_text() == "the user's chart"
+    code, _, err = run_ftplan([*args, "--force"], capsys, monkeypatch)
+    assert code == 0, err
+    assert (out / MEMORY_PNG).read_bytes().startswith(PNG_MAGIC)
+
+
 def test_curves_show_the_planners_largest_safe_batch_under_the_cards_limit(tmp_path):
     from ftplan.core.hardware import find_gpu
     from ftplan.store.records import read_records

@@ -16,7 +16,8 @@ from ftplan.evidence.inputs import load_evidence
 @click.command("report")
 @click.option("--model", default=None, help="Only this model's calibrations (default: all).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("report"), show_default=True,
-              help="Folder for the PNG files.")
+              help="Folder for the PNG files; one with files in it only with --force.")
+@click.option("--force", is_flag=True, help="Write into a folder that has files in it, replacing same-named charts.")
 @click.option("--dataset-size", type=click.IntRange(min=1), default=10_000, show_default=True,
               help="Samples per epoch for the time-to-completion chart.")
 @click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
@@ -30,7 +31,8 @@ from ftplan.evidence.inputs import load_evidence
 @calibrations_option
 def command(model: str | None, out: Path, dataset_size: int, epochs: float, gpu_specs: Path | None, gpus: str,
             gpus_per_node: int, intra_node_bandwidth: str | None, inter_node_bandwidth: str | None,
-            safety_margin: float | None, context_reserve_gib: float, calibrations: tuple[Path, ...]) -> None:
+            safety_margin: float | None, context_reserve_gib: float, calibrations: tuple[Path, ...],
+            force: bool = False) -> None:
     """Peak memory and seconds per step vs batch per calibrated setting (measured, fitted, upper bound, the card's
     limit), hours to completion vs batch per setup with a line at the best, and per calibrated model and card the
     speed-up and scaling efficiency of full and LoRA fine-tuning against GPU count: the charts behind `ftplan plan`."""
@@ -47,6 +49,8 @@ def command(model: str | None, out: Path, dataset_size: int, epochs: float, gpu_
     if not curves:
         which = f" of {model}" if model else ""
         raise FtplanError(f"no calibration records{which} on a known GPU to plot (pass --calibrations PATH)")
+    if not force and out.is_dir() and any(out.iterdir()):  # nothing a user wrote is replaced unasked
+        raise FtplanError(f"{out} has files in it; pass --force to write the charts there, or choose another --out")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
