@@ -193,3 +193,11 @@ def test_fit_cache_returns_the_same_predictor_refits_on_any_change_and_never_tru
     data["payload"]["constants"][""]["memory_margin"] = 0.0
     stored.write_text(json.dumps(data))
     assert cached_predictor(records, catalog).constants == fitted.constants
+
+
+def test_nothing_fitting_at_any_gpu_count_exits_3_as_one_count_does(capsys, monkeypatch):
+    """The scaling search turned the 'does not fit' of each count into a plain error: exit 2, a bad request."""
+    base = ["plan", "--model", "llama-3-8b", "--dataset-size", 1000, "--gpu", "RTX-3090", "--full", "--seq-len", 8192]
+    for gpus in ("1", "1,2"):
+        code, _, err = run_ftplan([*base, "--gpus", gpus], capsys, monkeypatch)
+        assert code == 3 and "fits" in err, (gpus, err)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from ftplan.core.errors import FtplanError
+from ftplan.core.errors import DoesNotFit, FtplanError
 from ftplan.core.units import GIB
 from ftplan.models.eta import format_duration
 from ftplan.models.scaling import choose_gpu_count, node_layout
@@ -36,6 +36,7 @@ class CountPlan:
     nodes: int
     plan: Plan | None
     error: str | None = None
+    does_not_fit: bool = False  # the error is that nothing fits (exit 3), not a bad request
 
     def best(self, kind: str) -> SetupPlan | None:
         """The setup the plan would recommend among this training kind."""
@@ -66,7 +67,7 @@ def plan_at(predictor: Predictor, request: PlanRequest, gpus: int, gpus_per_node
     try:
         return CountPlan(gpus, per_node, nodes, make_plan(predictor, at_count, extra))
     except FtplanError as exc:
-        return CountPlan(gpus, per_node, nodes, None, str(exc))
+        return CountPlan(gpus, per_node, nodes, None, str(exc), isinstance(exc, DoesNotFit))
 
 
 COLUMNS = ("gpus", "gpus_per_node", "nodes", "setup", "setting", "micro_batch", "reserved_gib", "reserved_upper_gib", "seconds_per_step",
@@ -144,7 +145,10 @@ def plan_gpu_counts(predictor: Predictor, request: PlanRequest, gpu_counts: list
     pool = pd.concat([tables[k][tables[k]["gpus"].isin(gpu_counts)].assign(kind=k) for k in kinds],
                      ignore_index=True)
     if pool.empty:
-        raise FtplanError(asked[-1].error or f"no setup of {request.base.model} fits on {request.gpu.name}")
+        last = asked[-1]
+        if last.error and not last.does_not_fit:
+            raise FtplanError(last.error)
+        raise DoesNotFit(last.error or f"no setup of {request.base.model} fits on {request.gpu.name}")
     price = request.price_per_gpu_hour if request.price_per_gpu_hour is not None else 1.0
     try:
         row = choose_gpu_count(pool, request.dataset_size, request.epochs, price, request.max_hours)
