@@ -24,6 +24,8 @@ BAD_CONFIGS = {
     "hidden not a multiple of heads": ({"hidden_size": 250}, "hidden_size 250 is not a multiple of num_attention_heads 4"),
     "flag as text": ({"tie_word_embeddings": "false"}, "tie_word_embeddings must be true or false"),
     "model type as list": ({"model_type": ["llama"]}, "model_type ['llama'] not supported"),
+    "top-k above the experts": ({"model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 9},
+                                "num_experts_per_tok 9 is more than the 8 experts"),
 }
 
 

@@ -29,6 +29,7 @@ def specs(tmp_path, row: str):
     ("MINE,80,989,3350,1e300,", "above 1e+07"),
     ("MINE,80,989,3350,,1e300", "above 1e+07"),
     (",80,989,3350,,", "every row needs a name"),
+    ("MINE,80,989,3350,,100", "MINE's torch_total_gib 100 is above its memory_gib 80"),
 ])
 def test_a_bad_value_is_a_one_line_error_naming_its_column(tmp_path, capsys, monkeypatch, row, words):
     code, _out, err = run_ftplan([*PLAN, "--gpu", "MINE", "--gpu-specs", specs(tmp_path, row)], capsys, monkeypatch)

@@ -21,6 +21,8 @@ IMPOSSIBLE = {
     "zero peak allocated": (changed(peak_allocated_bytes=0.0), "peak_allocated_bytes is 0 in a trial that ran"),
     "negative peak": (changed(peak_reserved_bytes=-1), "negative peak_reserved_bytes"),
     "batch zero": (changed(micro_batch=0), "micro_batch must be positive"),
+    "allocated above reserved": (changed(peak_allocated_bytes=2**40, peak_reserved_bytes=2**30),
+                                 "peak_allocated_bytes 1099511627776 is above peak_reserved_bytes 1073741824"),
 }
 
 
@@ -35,3 +37,14 @@ def test_an_oom_record_that_measured_nothing_is_kept(tmp_path):
     path.write_text(json.dumps(oom) + "\n")
     records, messages = read_with_warnings(path)
     assert len(records) == 1 and not messages
+
+
+def test_a_long_error_message_is_cut_to_what_a_trial_keeps(tmp_path):
+    """A hand-made 100 kB message hung plan for minutes in the terminal's highlighter."""
+    from ftplan.store.records import MAX_MESSAGE_CHARS
+
+    failed = {**json.loads(GOOD), "status": "error", "message": "x" * 100_000}
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps(failed) + "\n")
+    (record,), _ = read_with_warnings(path)
+    assert len(record["message"]) <= MAX_MESSAGE_CHARS + 10 and record["message"].startswith("x" * 100)

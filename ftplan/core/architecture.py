@@ -384,6 +384,9 @@ def config_problem(config: object) -> str | None:
         return f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
     if not config.get("head_dim") and config["hidden_size"] % heads:
         return f"hidden_size {config['hidden_size']} is not a multiple of num_attention_heads {heads} (and no head_dim)"
+    experts = config.get("num_local_experts") or config.get("num_experts")
+    if experts and (config.get("num_experts_per_tok") or 0) > experts:
+        return f"num_experts_per_tok {config['num_experts_per_tok']} is more than the {experts} experts"
     return None
 
 

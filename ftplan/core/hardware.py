@@ -126,6 +126,10 @@ def _read_specs(path: Path) -> list[dict]:
     for column in (*COLUMNS[1:], *(c for c in OPTIONAL_NUMBER_COLUMNS if c in header)):
         for row in rows:
             row[column] = _spec_number(path, column, row[column])
+    for row in rows:  # PyTorch sees at most the card's memory: a larger figure would budget memory that is not there
+        if (row.get("torch_total_gib") or 0) > row["memory_gib"]:
+            raise FtplanError(f"GPU specs {path}: {row['name']}'s torch_total_gib {row['torch_total_gib']:g} is above "
+                              f"its memory_gib {row['memory_gib']:g}")
     return rows
 
 

@@ -57,6 +57,9 @@ _LARGEST = {"micro_batch": 2**20, "seq_len": 2**24, "gpus": 2**16, "nodes": 2**1
             "num_alloc_retries": 10**12, "seconds_per_step": 10**6, "tokens_per_second": 10**12}
 _NETWORK_FIELD_TYPES = {"backend": "text", "ranks": "an integer", "nodes": "an integer",
                         "latency_s": "a number", "bandwidth_gbs": "a number"}
+# A trial's error message is its last lines (runner and trial keep about 1,000 characters); printed whole, a longer
+# one costs rich's highlighter seconds per kB.
+MAX_MESSAGE_CHARS = 2000
 MAX_LINE_BYTES = 2**20  # a record is a few kB; longer lines are junk and are read past, never held whole
 WARNINGS_PER_FILE = 20  # bad lines named one by one; the rest of a file's are counted in one line
 _INVISIBLE_CATEGORIES = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")
@@ -256,7 +259,11 @@ def _parse(line: bytes | None, kind: str) -> tuple[dict | None, str | None]:
     if isinstance(record, dict) and record.get("kind", "trial") != kind:
         return None, None
     problem = _problem(record)
-    return (None, f"{problem}; record skipped") if problem else (record, None)
+    if problem:
+        return None, f"{problem}; record skipped"
+    if isinstance(record.get("message"), str) and len(record["message"]) > MAX_MESSAGE_CHARS:
+        record["message"] = record["message"][:MAX_MESSAGE_CHARS] + " [...]"  # a hand-made 100 kB one hung plan
+    return record, None
 
 
 def printable(text: str) -> str:
@@ -315,6 +322,9 @@ def _trial_problem(record: dict) -> str | None:
         zero = [key for key in _RAN_POSITIVE if record.get(key) == 0]
         if zero:
             return f"{', '.join(zero)} is 0 in a trial that ran"
+    allocated, reserved = record.get("peak_allocated_bytes"), record.get("peak_reserved_bytes")
+    if allocated is not None and reserved is not None and allocated > reserved:  # each GPU reserves what it allocates
+        return f"peak_allocated_bytes {allocated} is above peak_reserved_bytes {reserved}"
     too_large = [f"{key} is {record[key]!r}, above {limit:g}" for key, limit in _LARGEST.items()
                  if (record.get(key) or 0) > limit]
     if too_large:
