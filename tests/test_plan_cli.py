@@ -88,6 +88,24 @@ def test_full_and_lora_together_are_refused_and_each_alone_sets_what_is_recommen
         assert (json.loads(out)["recommendation"]["setting"]["lora_rank"] == 0) == full
 
 
+def test_a_dataset_of_short_rows_is_planned_at_its_lengths_even_where_the_cap_would_not_fit(tmp_path, capsys,
+                                                                                             monkeypatch):
+    """Llama-3-8B LoRA on a 24 GB card fits no 2,048-token sample; the plan first planned at that cap and refused
+    a dataset whose longest row is 50 tokens."""
+    import json
+
+    from tests.helpers import run_ftplan
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": [1] * n}) + "\n" for n in [20] * 40 + [50]))
+    base = ["plan", "--model", "llama-3-8b", "--gpu", "RTX-3090", "--lora", "--json", "--seq-len", 2048]
+    code, _, err = run_ftplan([*base, "--dataset-size", 41], capsys, monkeypatch)
+    assert code == 3, err  # at the cap nothing fits: the premise
+    code, stdout, err = run_ftplan([*base, "--dataset", data, "--ids-field", "input_ids"], capsys, monkeypatch)
+    assert code == 0, err
+    assert json.loads(stdout)["dataset"]["recommended"]["memory_length"] == 50
+
+
 def test_with_a_dataset_seq_len_cuts_only_when_given_and_the_api_agrees(tmp_path, capsys, monkeypatch):
     """--seq-len not given: memory is planned at the dataset's longest sample; given: samples are cut at it. The
     API takes seq_len=None for the first (it once cut every dataset at its 2,048 default)."""

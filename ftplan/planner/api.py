@@ -196,9 +196,10 @@ def _plan_one_count(workspace: Workspace, request: PlanRequest, extra: list[Sett
                     dataset: DatasetFile | None) -> tuple[Plan, DatasetPlan | None, Sequence[str]]:
     """The plan for one GPU layout: ranked setups, from the dataset's own batches when there is one, with each
     batch a rehearsal ran inside its budget marked verified."""
-    plan_ = make_plan(workspace.predictor, request, extra)
     dataset_plan, dataset_lines = None, ()
-    if dataset is not None:
+    if dataset is None:
+        plan_ = make_plan(workspace.predictor, request, extra)
+    else:  # planned at the dataset's own lengths only: at the --seq-len cap an 8B of 50-token rows fit nowhere
         dataset_plan, dataset_lines = plan_dataset_file(
             workspace.predictor, request, dataset.path, dataset.options, dataset.text_field, dataset.ids_field,
             dataset.tokenizer, extra, dataset.chars_per_token)
