@@ -76,7 +76,21 @@ def test_rehearse_refuses_a_folder_emit_did_not_write_in_one_line(tmp_path, caps
     assert code == 2 and err.strip().count("\n") == 0 and "has no plan.json" in err
     (tmp_path / PLAN_JSON).write_text("[1, 2]")
     code, _, err = run_ftplan(["rehearse", tmp_path], capsys, monkeypatch)
-    assert code == 2 and "not written by `ftplan plan --emit`" in err
+    assert code == 2 and "not as `ftplan plan --emit` wrote it" in err
+
+
+@pytest.mark.parametrize("name, edit", [(PLAN_JSON, lambda numbers: {**numbers, "predicted": None}),
+                                        (PLAN_JSON, lambda numbers: {**numbers, "micro_batch": 0}),
+                                        ("training_args.py", None)])
+def test_an_edited_folder_is_refused_before_any_gpu_time(tmp_path, capsys, monkeypatch, name, edit):
+    """Tampered plan.json fields gave tracebacks (TypeError, RecursionError) or were taken as they were, and an
+    edited file was refused only when rewritten, after the GPU runs."""
+    folder = emit(tmp_path, capsys, monkeypatch)
+    path = folder / name
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))) if edit else path.read_text() + "\n# mine\n")
+    for extra in ([], ["--dry-run"]):
+        code, _, err = run_ftplan(["rehearse", folder, *extra], capsys, monkeypatch)
+        assert code == 2 and err.strip().count("\n") == 0 and f"{name} is not as `ftplan plan --emit` wrote it" in err
 
 
 def test_dry_run_prints_the_plan_and_its_gpu_time_without_a_gpu(tmp_path, capsys, monkeypatch):

@@ -334,6 +334,21 @@ def _replaceable(folder: int, directory: Path, names: set[str], force: bool) -> 
     return ours
 
 
+def edited_run_files(directory: Path) -> list[str]:
+    """The files that make the run (plan.json, the Trainer arguments, the DeepSpeed config) present in an emitted
+    folder but not as ftplan wrote them, by the manifest's digests: what rehearse would not be verifying."""
+    try:
+        folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise FtplanError(f"cannot open {directory}: {exc.strerror}") from None
+    try:
+        present = set(os.listdir(folder)) & {PLAN_JSON, TRAINING_ARGS, TRAINING_ARGS_PY, DS_CONFIG}
+        written = _read_manifest(folder)
+        return sorted(name for name in present if name not in written or not _is_file_with(folder, name, written[name]))
+    finally:
+        os.close(folder)
+
+
 def _is_file_with(folder: int, name: str, digest: str) -> bool:
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)

@@ -26,7 +26,7 @@ from ftplan.calibration.launcher import cuda_problem, run_process
 from ftplan.core.errors import FtplanError
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
-from ftplan.planner.emit import PLAN_JSON, TRAINING_ARGS_PY, rewrite_rehearsed
+from ftplan.planner.emit import PLAN_JSON, TRAINING_ARGS_PY, edited_run_files, rewrite_rehearsed
 from ftplan.store.records import build_record
 
 REHEARSAL_COMMAND = (sys.executable, "-m", "ftplan.calibration.rehearsal")
@@ -78,11 +78,15 @@ class Rehearsal:
 def read_plan(directory: Path) -> dict:
     """plan.json of an emitted folder, checked: a one-line error for anything else."""
     path = Path(directory) / PLAN_JSON
+    if not path.is_file():
+        raise FtplanError(f"{directory} has no {PLAN_JSON}: rehearse a folder written by `ftplan plan --emit`")
+    edited = edited_run_files(Path(directory))
+    if edited:  # checked before any GPU time: rehearse verifies what --emit wrote, unchanged
+        raise FtplanError(f"{Path(directory) / edited[0]} is not as `ftplan plan --emit` wrote it (edited since?); "
+                          "rehearse runs the emitted folder unchanged: emit it again (`ftplan plan ... --emit DIR --force`)")
     try:
         numbers = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise FtplanError(f"{directory} has no {PLAN_JSON}: rehearse a folder written by `ftplan plan --emit`") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise FtplanError(f"cannot read {path}: {exc}") from None
     if not isinstance(numbers, dict) or numbers.get("written_by") != "ftplan plan --emit":
         raise FtplanError(f"{path} was not written by `ftplan plan --emit`")
