@@ -108,6 +108,20 @@ def test_a_shipped_measured_batch_is_predicted_as_measured():
     assert prediction.peak_allocated.mean == pytest.approx(measured["peak_allocated_bytes"], rel=0.01)
 
 
+def test_memory_carried_to_a_shorter_length_stays_positive_and_grows_with_the_batch():
+    """A 2,048-token ZeRO-2 offload + Liger fit carried to length 1 read -6.35 GiB at batch 1,000, and at 128
+    tokens reserved memory fell from 9.20 GiB at batch 1 to 7.73 at batch 8."""
+    from ftplan.core.paths import calibrations_dir
+    from ftplan.store.records import read_records
+
+    predictor = Predictor.fit(read_records([calibrations_dir()]))
+    setting = Setting("llama-3.2-1b", zero_stage=2, offload_optimizer=True, liger=True)
+    for seq in (1, 128, 1024):
+        allocated = [predictor.predict(setting.with_(seq_len=seq), b, H200).peak_allocated.mean for b in (1, 8, 64, 1000)]
+        reserved = [predictor.predict(setting.with_(seq_len=seq), b, H200).peak_reserved.mean for b in (1, 8, 64, 1000)]
+        assert allocated[0] > 0 and allocated == sorted(allocated) and reserved == sorted(reserved), seq
+
+
 def test_a_micro_batch_below_one_is_refused(predictor):
     with pytest.raises(FtplanError, match="micro-batch"):
         predictor.predict(CALIBRATED, 0, H200)

@@ -156,8 +156,14 @@ class Predictor:
         fit, seq = evidence.fit, setting.seq_len
         fit_seq = seq if fit.covers(seq) else min(fit.seq_lens, key=lambda s: abs(s - seq))
         base = prior_estimate(arch, evidence.setting, batch, evidence.gpu, constants)
-        allocated = _shift(fit.peak_allocated(batch, fit_seq), prior.peak_allocated - base.peak_allocated)
-        reserved = _shift(fit.peak_reserved(batch, fit_seq), prior.peak_reserved - base.peak_reserved)
+        # Memory moves across lengths at the same tokens: the fit's error against the prior, read where the fit
+        # holds as many tokens as this batch, rides on this setting's prior. Read at the same batch instead, it
+        # subtracted the prior's 2,048-token activations from a fit that holds fewer: negative GiB at length 1.
+        memory_batch = batch if fit_seq == seq else batch * seq / fit_seq
+        memory_base = base if fit_seq == seq else prior_estimate(arch, evidence.setting, memory_batch, evidence.gpu,
+                                                                 constants)
+        allocated = _shift(fit.peak_allocated(memory_batch, fit_seq), prior.peak_allocated - memory_base.peak_allocated)
+        reserved = _shift(fit.peak_reserved(memory_batch, fit_seq), prior.peak_reserved - memory_base.peak_reserved)
         seconds = _transfer_time(fit.seconds_per_step(batch, fit_seq), base, prior)
         update = seconds.mean * _optimizer_share(prior)
         notes = [evidence.note] if evidence.note else []
@@ -195,7 +201,7 @@ class Predictor:
                   else SOURCE_EXTRAPOLATED)
         return Prediction(setting, batch, gpu.name, allocated, reserved, seconds, source, wall_batch=wall,
                           measured_healthy=fit.measured_healthy(seq) if exact else (), notes=tuple(notes),
-                          extrapolation=fit.allocated.extrapolation(batch, fit_seq), update_seconds=update)
+                          extrapolation=fit.allocated.extrapolation(memory_batch, fit_seq), update_seconds=update)
 
     def _from_prior(self, setting: Setting, batch: int, gpu: GpuSpec, prior: PriorEstimate,
                     constants: PriorConstants) -> Prediction:
