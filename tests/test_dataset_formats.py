@@ -60,6 +60,16 @@ def test_chat_messages_sum_every_turn_and_say_the_template_is_not_counted(tmp_pa
     assert "'messages'" in result.method and "chat template" in result.method
 
 
+def test_nested_ids_and_a_list_of_numbers_for_a_chat_are_refused_not_counted(tmp_path):
+    """[[1, 2], [3]] counted 2 tokens, and "messages": [1, 2] the text "1\\n2"."""
+    nested = _jsonl(tmp_path / "ids.jsonl", [{"input_ids": [[1, 2], [3]]}])
+    with pytest.raises(FtplanError, match=r"holds list \[\[1, 2\], \[3\]\] at line 1, not a list of token ids"):
+        load_lengths(nested, ids_field="input_ids")
+    numbers = _jsonl(tmp_path / "chat.jsonl", [{"messages": [1, 2]}])
+    with pytest.raises(FtplanError, match="rows have no text in 'messages'"):
+        load_lengths(numbers)
+
+
 def test_ids_that_are_not_a_list_name_the_line(tmp_path):
     data = _jsonl(tmp_path / "d.jsonl", [{"input_ids": [1, 2, 3]}, {"input_ids": "abc"}])
     with pytest.raises(FtplanError, match=r"'input_ids' holds str 'abc' at line 2, not a list of token ids"):

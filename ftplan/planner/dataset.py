@@ -178,7 +178,10 @@ def _texts(frame: pd.DataFrame, fields: tuple[str, ...], path: Path) -> list[str
 
 
 def _is_text(value: object) -> bool:
-    return isinstance(value, (str, list, tuple, np.ndarray))
+    """A string, or a chat: a list of turns ({role, content} dicts) or of text parts; a list of numbers is not."""
+    if isinstance(value, str):
+        return True
+    return isinstance(value, (list, tuple, np.ndarray)) and all(isinstance(v, (str, dict)) for v in value)
 
 
 def _where(lines: list[int] | None, row: int) -> str:
@@ -400,10 +403,20 @@ def _ids_length(value: object, field: str, path: Path, row: int, lines: list[int
             value = json.loads(value)  # ids written to CSV come back as their JSON text
         except (ValueError, RecursionError):
             pass
-    if not isinstance(value, (list, tuple, np.ndarray)):
+    if not _token_ids(value):  # a nested list's outer length is not its token count
         raise FtplanError(f"{path}: field '{field}' holds {type(value).__name__} {_clip(value)} at "
                           f"{_where(lines, row)}, not a list of token ids")
     return len(value)
+
+
+def _token_ids(value: object) -> bool:
+    """A flat sequence of integers, judged by its dtype or first element (every id checked would cost a Python
+    loop over the whole dataset's tokens)."""
+    if isinstance(value, np.ndarray) and value.dtype != object:
+        return value.ndim == 1 and value.dtype.kind in "iu"
+    if not isinstance(value, (list, tuple, np.ndarray)):
+        return False
+    return len(value) == 0 or (isinstance(value[0], (int, np.integer)) and not isinstance(value[0], bool))
 
 
 def _clip(value: object) -> str:
