@@ -209,3 +209,14 @@ def test_an_unseen_activation_phase_carries_the_optimizer_steps_stranded_blocks(
     large = fit.peak_allocated(64, 2048)
     assert large.mean > 1.1 * 59.91 * GIB
     assert fit.peak_reserved(64, 2048).mean == pytest.approx(large.mean + fit.overhead.step_blocks)
+
+
+def test_degenerate_numbers_fit_without_numpy_warnings_reaching_the_user():
+    """Step times of 1e-200 s underflowed the knot search's floor (log of 0), and a batch measured twice near the
+    card's capacity divided a memory step by a zero batch step: both printed numpy's RuntimeWarning."""
+    near_full = lambda b, s: (100 + 10 * b) * GIB  # noqa: E731 - within the wall zone of the 141 GiB card
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        fit_setting(synthetic_records([1, 2, 3, 4, 5], seconds=lambda b, s: 1e-200 * b))
+        twice = synthetic_records([1, 2, 3], memory=near_full) + synthetic_records([3], memory=near_full)
+        fit_setting(twice)

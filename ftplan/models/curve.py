@@ -169,7 +169,7 @@ def best_knot(batch: np.ndarray, y: np.ndarray) -> float | None:
     n = len(y)
     if n < 5:
         return best if best_sse < sse_one else None
-    floor = (1e-6 * np.abs(y).mean()) ** 2 * n
+    floor = max((1e-6 * np.abs(y).mean()) ** 2 * n, np.finfo(float).tiny)  # y of 1e-200 s underflowed: log(0)
     bic_one = n * np.log(max(sse_one, floor) / n) + 2 * np.log(n)
     bic_two = n * np.log(max(best_sse, floor) / n) + 4 * np.log(n)
     return best if bic_two < bic_one else None

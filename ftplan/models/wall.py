@@ -61,11 +61,15 @@ def _near_capacity(point: dict) -> bool:
 
 
 def _memory_stalled(point: dict, below: list[dict]) -> bool:
-    chain = [r for r in below if r.get("peak_allocated_bytes")] + [point]
-    if len(chain) < 3 or not point.get("peak_allocated_bytes"):
+    if not point.get("peak_allocated_bytes"):
         return False
-    batch = np.array([r["micro_batch"] for r in chain], float)
-    memory = np.array([r["peak_allocated_bytes"] for r in chain], float)
+    # one point a batch: a batch measured twice (in two files) had no width to divide the memory step by
+    by_batch = {r["micro_batch"]: r["peak_allocated_bytes"] for r in below if r.get("peak_allocated_bytes")}
+    by_batch[point["micro_batch"]] = point["peak_allocated_bytes"]
+    if len(by_batch) < 3:
+        return False
+    batch = np.array(list(by_batch), float)
+    memory = np.array(list(by_batch.values()), float)
     per_sample = np.diff(memory) / np.diff(batch)
     return bool(per_sample[-1] < STALL_FRACTION * np.median(per_sample[:-1]))
 
