@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ftplan.cli.plots import COMPLETION_PNG, MEMORY_PNG, SCALING_PNG, TIME_PNG
+from ftplan.core.architecture import load_architecture
 from tests.helpers import run_ftplan, write_external_jsonl
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -33,6 +34,24 @@ def test_report_writes_into_a_folder_with_files_only_with_force(tmp_path, capsys
     code, _, err = run_ftplan([*args, "--force"], capsys, monkeypatch)
     assert code == 0, err
     assert (out / MEMORY_PNG).read_bytes().startswith(PNG_MAGIC)
+
+
+def test_a_record_of_a_deleted_model_config_is_left_out_not_the_end_of_the_report(tmp_path, capsys, monkeypatch):
+    import json
+
+    external = write_external_jsonl(tmp_path / "external.jsonl")
+    config = tmp_path / "mine" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps({k: v for k, v in load_architecture("tiny-llama").config.items()
+                                  if not k.startswith("_")}))
+    first = json.loads(external.read_text().splitlines()[0])
+    (tmp_path / "gone.jsonl").write_text(json.dumps({**first, "model": str(config)}) + "\n")
+    config.unlink()
+    code, stdout, err = run_ftplan(["report", "--calibrations", external, "--calibrations",
+                                    tmp_path / "gone.jsonl", "--out", tmp_path / "report", "--gpus", "1"],
+                                   capsys, monkeypatch)
+    assert code == 0, err
+    assert (tmp_path / "report" / MEMORY_PNG).exists()
 
 
 def test_curves_show_the_planners_largest_safe_batch_under_the_cards_limit(tmp_path):

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from ftplan.cli.commands.input_options import GPU_SPECS_HELP, budget_options, calibrations_option, link_options
+from ftplan.core.architecture import cached_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import CPU, load_catalog
 from ftplan.core.settings import Setting
@@ -41,7 +42,7 @@ def command(model: str | None, out: Path, dataset_size: int, epochs: float, gpu_
 
     counts = parse_gpu_counts(gpus)
     evidence = load_evidence(calibrations, load_catalog(gpu_specs))
-    records = [r for r in evidence.records if model is None or r["model"] == model]
+    records = [r for r in evidence.records if (model is None or r["model"] == model) and _architecture_known(r)]
     cards = {r.get("gpu_name"): evidence.card_of(r) for r in records}
     cards = {name: card for name, card in cards.items() if card is not None}
     budgets = {name: evidence.budget(card, safety_margin, context_reserve_gib) for name, card in cards.items()}
@@ -68,3 +69,13 @@ def command(model: str | None, out: Path, dataset_size: int, epochs: float, gpu_
                                                   dataset_size, epochs, evidence.calibrated_settings(model_id), out))
     for path in written:
         click.echo(f"wrote {path}")
+
+
+def _architecture_known(record: dict) -> bool:
+    """Whether the record's model loads: a record of a config file since deleted is left out, as plan leaves it
+    (loading the records warned of it already), instead of ending the report."""
+    try:
+        cached_architecture(record["model"])
+    except FtplanError:
+        return False
+    return True
