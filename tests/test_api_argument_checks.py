@@ -17,6 +17,14 @@ from ftplan.core.errors import FtplanError
     ({"dataset_size": 100, "gpus": 2.5}, "gpus must be a whole number"),
     ({"dataset_size": 100, "lora_ranks": [8.0]}, r"lora_ranks\[0\] must be a whole number"),
     ({"dataset_size": 100, "gpu": 200}, "gpu must be a string"),
+    ({"dataset_size": 100, "inter_node_bandwidth": 5}, "inter_node_bandwidth must be a string"),
+    ({"dataset_size": 100, "context_reserve_gib": float("nan")}, "context_reserve_gib must be a finite number"),
+    ({"dataset_size": 100, "price_per_hour": float("inf")}, "price_per_hour must be a finite number"),
+    ({"dataset_size": 100, "max_hours": float("nan")}, "max_hours must be a finite number"),
+    ({"dataset": 5}, "dataset must be a string"),
+    ({"dataset_size": 100, "dataset_options": "pack"}, "dataset_options must be a DatasetOptions"),
+    ({"dataset_size": 100, "calibrations": 5}, "calibrations must be a path or a list of paths"),
+    ({"dataset_size": 100, "calibrations": [5]}, r"calibrations\[0\] must be a string"),
 ])
 def test_plan_refuses_mistyped_arguments(kwargs, message):
     with pytest.raises(FtplanError, match=message):
@@ -28,6 +36,7 @@ def test_plan_refuses_mistyped_arguments(kwargs, message):
     ("4", {}, "batch_size must be a whole number"),
     (4, {"seq_len": "x"}, "seq_len must be a whole number"),
     (4, {"seqlen": 512}, "unknown setting field"),
+    (4, {"lora_rank": 16, "lora_targets": "q_proj"}, "lora_targets must be a list of module names, got 'q_proj'"),
 ])
 def test_predict_refuses_a_fractional_batch_and_mistyped_settings(batch, setting, message):
     with pytest.raises(FtplanError, match=message):
@@ -39,8 +48,8 @@ def test_numpy_integers_are_whole_numbers():
     assert ftplan.predict("llama-3-8b", np.int64(4), "H200", seq_len=np.int64(512)).micro_batch == 4
 
 
-def test_nan_epochs_are_not_positive():
-    with pytest.raises(FtplanError, match="epochs must be positive, got nan"):
+def test_nan_epochs_are_refused():
+    with pytest.raises(FtplanError, match="epochs must be a finite number, got nan"):
         ftplan.plan(model="llama-3-8b", dataset_size=100, gpu="H200", epochs=float("nan"))
 
 
@@ -48,3 +57,14 @@ def test_nan_epochs_are_not_positive():
 def test_a_switch_given_as_a_string_is_refused_not_taken_as_on(switch):
     with pytest.raises(FtplanError, match=f"{switch} must be True or False, got 'no'"):
         ftplan.predict("llama-3-8b", 4, "H200", **{switch: "no"})  # "no" is truthy: it once planned Liger on
+
+
+def test_one_calibration_path_may_come_alone(tmp_path):
+    """A string was iterated: 'rec.jsonl' read as the files 'r', 'e', 'c'..."""
+    import json
+
+    from tests.helpers import synthetic_records
+
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in synthetic_records([1, 2, 4])))
+    assert ftplan.predict("llama-3-8b", 2, "H200", calibrations=str(path)).micro_batch == 2

@@ -11,6 +11,7 @@ The CLI commands are thin layers over these functions; nothing here prints.
 
 from __future__ import annotations
 
+import math
 import numbers
 import warnings
 from collections.abc import Callable, Sequence
@@ -133,6 +134,13 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
     """
     # Over 40 lines only by its 23-line public signature and docstring; the body is check, request, plan.
     _check_names(model=model, gpu=gpu)
+    _check_optional_names(intra_node_bandwidth=intra_node_bandwidth, inter_node_bandwidth=inter_node_bandwidth,
+                          by=by, training=training, precision=precision, text_field=text_field, ids_field=ids_field,
+                          attention=attention, alloc_conf=alloc_conf, padding=padding, dataset=dataset,
+                          tokenizer=tokenizer, gpu_specs=gpu_specs)
+    calibrations = _paths(calibrations)
+    if dataset_options is not None and not isinstance(dataset_options, DatasetOptions):
+        raise FtplanError(f"dataset_options must be a DatasetOptions, got {dataset_options!r}")
     _check_numbers(epochs=epochs, step_time_cv=step_time_cv, price_per_hour=price_per_hour, max_hours=max_hours,
                    safety_margin=safety_margin, context_reserve_gib=context_reserve_gib,
                    host_memory_gib=host_memory_gib, chars_per_token=chars_per_token)
@@ -271,7 +279,11 @@ def predict(model: str, batch_size: int, gpu: str = "H200", *, calibrations: Seq
     gradient_checkpointing, gpus, nodes, ...); padding defaults to "max_length", the padded and masked batches
     of `ftplan predict` and of plan's emitted collator (padding="none": rows of exactly seq_len)."""
     _check_names(model=model, gpu=gpu)
+    _check_optional_names(gpu_specs=gpu_specs)
+    calibrations = _paths(calibrations)
     _check_integers(batch_size=batch_size)
+    if isinstance(setting.get("lora_targets"), str):  # a string is a sequence of letters, not of module names
+        raise FtplanError(f"lora_targets must be a list of module names, got {setting['lora_targets']!r}")
     unknown = sorted(set(setting) - {f.name for f in fields(Setting)})
     if unknown:
         raise FtplanError(f"unknown setting field(s) {', '.join(unknown)}; the fields are those of "
@@ -290,6 +302,19 @@ def _check_names(**values: object) -> None:
             raise FtplanError(f"{name} must be a string, got {value!r}")
 
 
+def _check_optional_names(**values: object) -> None:
+    _check_names(**{name: value for name, value in values.items() if value is not None})
+
+
+def _paths(calibrations: object) -> list[Path | str]:
+    """Calibration paths: one path may come alone (a string iterated as paths read each letter as a file)."""
+    paths = [calibrations] if isinstance(calibrations, (str, Path)) else calibrations
+    if not isinstance(paths, (list, tuple)):
+        raise FtplanError(f"calibrations must be a path or a list of paths, got {calibrations!r}")
+    _check_names(**{f"calibrations[{i}]": path for i, path in enumerate(paths)})
+    return list(paths)
+
+
 def _check_integers(**values: object) -> None:
     for name, value in values.items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
@@ -297,7 +322,10 @@ def _check_integers(**values: object) -> None:
 
 
 def _check_numbers(**values: object) -> None:
-    """Types only: each value's range (positive, finite) is checked where it is used, as for the CLI."""
+    """Types and finiteness (NaN compared false everywhere and planned nothing, inf wrote invalid JSON); each
+    value's range (positive) is checked where it is used, as for the CLI."""
     for name, value in values.items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
             raise FtplanError(f"{name} must be a number, got {value!r}")
+        if value is not None and not math.isfinite(value):
+            raise FtplanError(f"{name} must be a finite number, got {value!r}")
