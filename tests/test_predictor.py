@@ -122,6 +122,18 @@ def test_memory_carried_to_a_shorter_length_stays_positive_and_grows_with_the_ba
         assert allocated[0] > 0 and allocated == sorted(allocated) and reserved == sorted(reserved), seq
 
 
+def test_a_fit_that_would_predict_less_than_the_static_memory_gives_way_to_the_prior():
+    """Records relabelled to 16.8M tokens a sample, carried to 2,048, read -1,023,858 GiB and were recommended."""
+    from tests.helpers import synthetic_records
+
+    setting = Setting("llama-3.2-1b")
+    records = synthetic_records([1, 4, 8, 15], seq_lens=(2**24,), setting=setting,
+                               memory=lambda b, s: (17 + 7 * b) * 2**30)
+    prediction = Predictor.fit(records).predict(setting.with_(seq_len=2048), 1000, H200)
+    assert prediction.peak_allocated.mean > 0 and prediction.source == "prior"
+    assert "less than the static memory" in " ".join(prediction.notes)
+
+
 def test_a_micro_batch_below_one_is_refused(predictor):
     with pytest.raises(FtplanError, match="micro-batch"):
         predictor.predict(CALIBRATED, 0, H200)
