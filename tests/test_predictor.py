@@ -117,8 +117,9 @@ def test_memory_carried_to_a_shorter_length_stays_positive_and_grows_with_the_ba
     predictor = Predictor.fit(read_records([calibrations_dir()]))
     setting = Setting("llama-3.2-1b", zero_stage=2, offload_optimizer=True, liger=True)
     for seq in (1, 128, 1024):
-        allocated = [predictor.predict(setting.with_(seq_len=seq), b, H200).peak_allocated.mean for b in (1, 8, 64, 1000)]
-        reserved = [predictor.predict(setting.with_(seq_len=seq), b, H200).peak_reserved.mean for b in (1, 8, 64, 1000)]
+        predictions = [predictor.predict(setting.with_(seq_len=seq), b, H200) for b in (1, 8, 64, 1000)]
+        allocated = [p.peak_allocated.mean for p in predictions]
+        reserved = [p.peak_reserved.mean for p in predictions]
         assert allocated[0] > 0 and allocated == sorted(allocated) and reserved == sorted(reserved), seq
 
 

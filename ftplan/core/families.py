@@ -49,7 +49,7 @@ FAMILIES: dict[str, Family] = {
     "phi3": Family(fused_projections=True, defaults=_LLAMA_DEFAULTS),
     "olmo2": Family(attention_bias_key=True, qk_norm="full", fp32_norm_weight=True, defaults=_LLAMA_DEFAULTS),
     "mixtral": Family(moe="experts", defaults={"tie_word_embeddings": False,
-                                                "num_local_experts": 8, "num_experts_per_tok": 2}),
+                                              "num_local_experts": 8, "num_experts_per_tok": 2}),
     "olmoe": Family(attention_bias_key=True, qk_norm="full", moe="experts",
                     defaults={"tie_word_embeddings": False, "num_experts": 64, "num_experts_per_tok": 8}),
     "qwen2_moe": Family(moe="sparse_step", expert_width_key="moe_intermediate_size", shared_expert=True,

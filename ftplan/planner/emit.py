@@ -168,9 +168,10 @@ REHEARSE_LINES = ("", "Before the full run, on the GPU: `ftplan rehearse THIS_FO
                   "(raising gradient accumulation to keep the global batch), and while a run leaves room it tries a",
                   "larger one (where the plan chose the global batch); it rewrites this folder to the largest that ran.")
 # `ftplan rehearse` runs one GPU (planner/rehearse.py refuses more): a multi-GPU folder is tried with its launcher.
-CLUSTER_REHEARSE_LINES = ("", "Before the full run: `ftplan rehearse` runs one GPU and this plan uses {gpus}, so run the launch",
-                          "command above for a few steps first (max_steps=20 in TrainingArguments) on the heaviest batches;",
-                          "the batch is not verified until such a run has ended without running out of memory.")
+CLUSTER_REHEARSE_LINES = ("", "Before the full run: `ftplan rehearse` runs one GPU and this plan uses {gpus}, so run",
+                          "the launch command above for a few steps first (max_steps=20 in TrainingArguments) on the",
+                          "heaviest batches; the batch is not verified until such a run has ended without running out",
+                          "of memory.")
 
 
 def _rehearse_lines(setting: Setting) -> tuple[str, ...]:

@@ -83,7 +83,8 @@ def read_plan(directory: Path) -> dict:
     edited = edited_run_files(Path(directory))
     if edited:  # checked before any GPU time: rehearse verifies what --emit wrote, unchanged
         raise FtplanError(f"{Path(directory) / edited[0]} is not as `ftplan plan --emit` wrote it (edited since?); "
-                          "rehearse runs the emitted folder unchanged: emit it again (`ftplan plan ... --emit DIR --force`)")
+                          "rehearse runs the emitted folder unchanged: emit it again "
+                          "(`ftplan plan ... --emit DIR --force`)")
     try:
         numbers = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError) as exc:
