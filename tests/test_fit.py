@@ -220,3 +220,14 @@ def test_degenerate_numbers_fit_without_numpy_warnings_reaching_the_user():
         fit_setting(synthetic_records([1, 2, 3, 4, 5], seconds=lambda b, s: 1e-200 * b))
         twice = synthetic_records([1, 2, 3], memory=near_full) + synthetic_records([3], memory=near_full)
         fit_setting(twice)
+
+
+def test_a_two_point_fit_widens_its_bound_with_the_distance_it_extrapolates():
+    """Two batches leave no residual: the 2% floor alone let OLMoE's ladder of batches 1 and 2 plan batch 19 with
+    its bound 2% above the mean. Three points keep the residual-based bound."""
+    two = fit_setting(synthetic_records([1, 2], memory=lambda b, s: (20 + 5 * b) * GIB))
+    near, far = two.peak_allocated(2, 2048), two.peak_allocated(20, 2048)
+    assert near.upper / near.mean == pytest.approx(1.02, abs=0.005)
+    assert far.upper / far.mean == pytest.approx(1 + 0.02 * 10, abs=0.01)
+    three = fit_setting(synthetic_records([1, 2, 4], memory=lambda b, s: (20 + 5 * b) * GIB))
+    assert three.peak_allocated(40, 2048).upper / three.peak_allocated(40, 2048).mean < 1.05
