@@ -223,7 +223,7 @@ def test_degenerate_numbers_fit_without_numpy_warnings_reaching_the_user():
 
 
 def test_a_two_point_fit_widens_its_bound_with_the_distance_it_extrapolates():
-    """Two batches leave no residual: the 2% floor alone let OLMoE's ladder of batches 1 and 2 plan batch 19 with
+    """Two batches fix a line exactly: the 2% floor alone let OLMoE's ladder of batches 1 and 2 plan batch 19 with
     its bound 2% above the mean. Three points keep the residual-based bound."""
     two = fit_setting(synthetic_records([1, 2], memory=lambda b, s: (20 + 5 * b) * GIB))
     near, far = two.peak_allocated(2, 2048), two.peak_allocated(20, 2048)
