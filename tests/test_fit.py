@@ -45,7 +45,11 @@ def test_a_ladder_whose_step_time_falls_warns_and_never_prices_a_large_batch_at_
     with warnings.catch_warnings():
         warnings.simplefilter("error", NoisyLadderWarning)  # a real, growing ladder: no warning, no floor
         steady = fit_setting(synthetic_records([1, 2, 4], setting=SETTING.with_(model="tiny-llama")))
+        flat = {1: 0.101, 2: 0.100, 4: 0.099}  # a launch-bound GPU ladder, flat within noise: no floor either
+        launch_bound = fit_setting(synthetic_records([1, 2, 4], seconds=lambda b, s: flat[b],
+                                                     setting=SETTING.with_(model="tiny-llama")))
     assert steady.seconds_per_step(4, 2048).mean == pytest.approx(0.2 + 0.1 * 4, rel=0.01)
+    assert launch_bound.seconds_per_step(8, 2048).mean < 0.2
 
 
 def test_concave_noise_in_three_points_gives_one_line():
