@@ -32,7 +32,7 @@ from ftplan.models.batching import (
     split_global_batch,
 )
 from ftplan.models.eta import Eta, steps_to_finish
-from ftplan.models.prediction import Prediction
+from ftplan.models.prediction import Estimate, Prediction
 from ftplan.models.predictor import with_accumulation
 from ftplan.planner.dataset import CHARS_PER_TOKEN, DatasetLengths, load_lengths
 from ftplan.planner.search import Plan, PlanRequest, Predictor, SetupPlan, make_plan, safe_prediction
@@ -197,9 +197,13 @@ class _SetupTimer:
     def step_seconds(self, setting: Setting, batch: int, accumulation: int = 1) -> float:
         """Seconds of one optimizer step of `accumulation` micro-batches. Time follows the mean padded length of a
         micro-batch, not the longest one memory is planned at."""
+        return self.step_estimate(setting, batch, accumulation).mean
+
+    def step_estimate(self, setting: Setting, batch: int, accumulation: int = 1) -> Estimate:
+        """step_seconds with its upper bound."""
         length = max(1, round(self.shape_at(setting, batch, accumulation).time_length))
         prediction = self.predictor.predict(setting.with_(seq_len=length), batch, self.request.gpu)
-        return prediction.step_seconds(accumulation)
+        return prediction.optimizer_step(accumulation)
 
     def _split(self, setting: Setting, largest: int) -> tuple[int, int, int | None] | None:
         """A target global batch fixes micro-batch × accumulation; without one the largest fitting batch runs, or
@@ -243,11 +247,13 @@ class _SetupTimer:
             return None
         micro, accumulation, saturating = split
         shape_used = self.shape_at(setting, micro, accumulation)
-        per_step = self.step_seconds(setting, micro, accumulation)
+        step = self.step_estimate(setting, micro, accumulation)
+        per_step = step.mean
         steps = steps_to_finish(shape_used.rows, request.epochs, micro, setting.world_size, accumulation)
         total = steps * per_step
         price = request.price_per_gpu_hour
-        eta = Eta(steps, per_step, total, None if price is None else total / 3600 * price * setting.world_size)
+        eta = Eta(steps, per_step, total, None if price is None else total / 3600 * price * setting.world_size,
+                  upper_seconds_per_step=step.upper)
         best = self.memory_at(setting, micro, accumulation)
         chosen = SetupBatching(setting, micro, accumulation, shape_used, setup.batch, saturating,
                                micro * accumulation * setting.world_size / per_step)
