@@ -48,8 +48,8 @@ def test_numpy_integers_are_whole_numbers():
     assert ftplan.predict("llama-3-8b", np.int64(4), "H200", seq_len=np.int64(512)).micro_batch == 4
 
 
-def test_nan_epochs_are_refused():
-    with pytest.raises(FtplanError, match="epochs must be a finite number, got nan"):
+def test_nan_epochs_are_not_positive():
+    with pytest.raises(FtplanError, match="epochs must be positive, got nan"):
         ftplan.plan(model="llama-3-8b", dataset_size=100, gpu="H200", epochs=float("nan"))
 
 

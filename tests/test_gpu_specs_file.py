@@ -36,6 +36,16 @@ def test_a_bad_value_is_a_one_line_error_naming_its_column(tmp_path, capsys, mon
     assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_a_card_of_two_rows_is_refused_and_a_shipped_name_in_any_case_is_replaced(tmp_path, capsys, monkeypatch):
+    """Two rows of one card were resolved silently (the last won), and a user's 'h200' row hid beside the shipped
+    H200, which --gpu h200 still found."""
+    code, _out, err = run_ftplan([*PLAN, "--gpu", "MINE", "--gpu-specs", specs(tmp_path, "MINE,80,989,3350,,\nmine,40,989,3350,,")],
+                                 capsys, monkeypatch)
+    assert code == 2 and "has more than one row" in err
+    catalog = load_catalog(specs(tmp_path, "h200,100,989,4800,,"))
+    assert "H200" not in catalog and catalog["h200"].memory_gib == 100
+
+
 def test_a_numeric_name_stays_a_name(tmp_path):
     catalog = load_catalog(specs(tmp_path, "5090,32,209,1792,,"))
     assert catalog["5090"].name == "5090"

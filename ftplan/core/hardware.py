@@ -107,6 +107,9 @@ def load_catalog(extra_specs: Path | None = None) -> dict[str, GpuSpec]:
     for rows in tables:
         for row in rows:
             spec = GpuSpec(**{k: row[k] for k in GpuSpec.__dataclass_fields__ if row.get(k) is not None})
+            # a user's 'h200' row replaces the shipped H200 (names are matched in any case), not hides beside it
+            for name in [n for n in catalog if n.lower() == spec.name.lower()]:
+                del catalog[name]
             catalog[spec.name] = spec
     cpu = host_cpu_spec()
     if cpu is not None and CPU not in catalog:  # a user's own 'cpu' row wins
@@ -123,6 +126,10 @@ def _read_specs(path: Path) -> list[dict]:
         raise FtplanError(f"GPU specs {path} lack column(s) {', '.join(missing)}")
     if any(not row["name"].strip() for row in rows):
         raise FtplanError(f"GPU specs {path}: every row needs a name")
+    names = [row["name"].strip().lower() for row in rows]
+    repeated = next((row["name"] for row, name in zip(rows, names) if names.count(name) > 1), None)
+    if repeated is not None:  # which of two rows of one card counts would be a guess
+        raise FtplanError(f"GPU specs {path}: {repeated} has more than one row")
     for column in (*COLUMNS[1:], *(c for c in OPTIONAL_NUMBER_COLUMNS if c in header)):
         for row in rows:
             row[column] = _spec_number(path, column, row[column])

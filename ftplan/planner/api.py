@@ -144,6 +144,7 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
     _check_numbers(epochs=epochs, step_time_cv=step_time_cv, price_per_hour=price_per_hour, max_hours=max_hours,
                    safety_margin=safety_margin, context_reserve_gib=context_reserve_gib,
                    host_memory_gib=host_memory_gib, chars_per_token=chars_per_token)
+    _check_finite(price_per_hour=price_per_hour, max_hours=max_hours, context_reserve_gib=context_reserve_gib)
     _check_integers(dataset_size=dataset_size, seq_len=seq_len, gpus_per_node=gpus_per_node,
                     **({} if isinstance(gpus, str) else {"gpus": gpus}),
                     **{f"lora_ranks[{i}]": rank for i, rank in enumerate(lora_ranks)})
@@ -322,10 +323,15 @@ def _check_integers(**values: object) -> None:
 
 
 def _check_numbers(**values: object) -> None:
-    """Types and finiteness (NaN compared false everywhere and planned nothing, inf wrote invalid JSON); each
-    value's range (positive) is checked where it is used, as for the CLI."""
+    """Types only: each value's range (positive, finite) is checked where it is used, as for the CLI."""
     for name, value in values.items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
             raise FtplanError(f"{name} must be a number, got {value!r}")
+
+
+def _check_finite(**values: float | None) -> None:
+    """The numbers no later check bounds, which the CLI's types keep finite: NaN compared false everywhere and
+    planned nothing, and inf wrote invalid JSON."""
+    for name, value in values.items():
         if value is not None and not math.isfinite(value):
             raise FtplanError(f"{name} must be a finite number, got {value!r}")
