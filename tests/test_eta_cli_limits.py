@@ -17,6 +17,9 @@ ETA = ["eta", "--model", "llama-3-8b", "--gpu", "H200"]
     (["--batch-size", "64", "--dataset-size", "10"], "batch 64 per GPU × 1 GPU(s) is more than the dataset's 10 samples"),
     (["--batch-size", "4", "--dataset-size", "10", "--lora-rank", "5000"],
      "LoRA rank 5000 is above llama-3-8b's hidden size 4096"),
+    # a prime count made the even-split search step through a billion node counts (the fuzz test hung CI)
+    (["--batch-size", "1", "--dataset-size", "10000000000", "--gpus", "1000000007"],
+     "1,000,000,007 GPUs is more than any cluster"),
 ])
 def test_impossible_runs_are_one_line_errors(capsys, args, message):
     with pytest.raises(SystemExit) as exit_:

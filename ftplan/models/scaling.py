@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the tables are built for GPU-count plans only; a one-GPU pl
 DEFAULT_GPUS_PER_NODE = 8  # a full cloud or DGX node; `--gpus-per-node 1` for single-GPU instances
 _RANGE = re.compile(r"^(\d+)\.\.(\d+)$")
 MAX_GPU_COUNTS = 32  # each count is a whole setup search (about a second): 200 listed ran over 300 s
+MAX_GPUS = 2**20  # GPUs in one run: ten times the largest training clusters of 2026
 MAX_COUNT_DIGITS = 40  # far above any cluster; int() of 4,301 digits raises, and doubling to them takes forever
 
 
@@ -59,6 +60,8 @@ def node_layout(gpus: int, gpus_per_node: int) -> tuple[int, int]:
     hold them evenly (9 GPUs at 8 per node: 3 nodes of 3), since every node runs the same ranks."""
     if gpus < 1 or gpus_per_node < 1:
         raise FtplanError(f"GPU counts must be positive, got {gpus} GPUs at {gpus_per_node} per node")
+    if gpus > MAX_GPUS:  # the search for an even split steps through node counts: a 20-digit prime never ended
+        raise FtplanError(f"{gpus:,} GPUs is more than any cluster ({MAX_GPUS:,} at most); check --gpus")
     nodes = math.ceil(gpus / gpus_per_node)
     while gpus % nodes:
         nodes += 1
