@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from ftplan.core.errors import EXIT_DOES_NOT_FIT
 from ftplan.core.paths import calibrations_dir
 from ftplan.cli.main import main
+from tests.helpers import within
 
 # Three shipped records of one setting (batches 1, 2, 4) are evidence enough for every command's whole path, and fast.
 FEW_RECORDS = (calibrations_dir() / "h200.jsonl").read_text().splitlines()[:3]
@@ -59,14 +60,16 @@ VALUES = st.one_of(st.sampled_from(SPECIAL), st.integers(-10**30, 10**30).map(st
 def run_cli(args: list[str]) -> tuple[int, str]:
     """main() in-process, as a shell would see it: (exit code, stderr); any other exception propagates."""
     err, showwarning = io.StringIO(), warnings.showwarning
-    try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+    try:  # a hang is a failure naming its command line, not a CI run that never ends (a prime --gpus once was)
+        with within(120), contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), \
+                warnings.catch_warnings():
             main(args)
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     finally:
         warnings.showwarning = showwarning  # main() installs its one-line printer
+    assert "still running after" not in err.getvalue(), f"hung: {args}"  # main() words a TimeoutError too
     return code, err.getvalue()
 
 
