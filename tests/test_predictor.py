@@ -115,15 +115,18 @@ def test_memory_carried_to_a_shorter_length_stays_positive_and_grows_with_the_ba
     from ftplan.store.records import read_records
 
     predictor = Predictor.fit(read_records([calibrations_dir()]))
-    setting = Setting("llama-3.2-1b", zero_stage=2, offload_optimizer=True, liger=True)
-    for seq in (1, 128, 1024):
-        predictions = [predictor.predict(setting.with_(seq_len=seq), b, H200) for b in (1, 8, 64, 1000)]
-        allocated = [p.peak_allocated.mean for p in predictions]
-        reserved = [p.peak_reserved.mean for p in predictions]
-        assert allocated[0] > 0 and allocated == sorted(allocated) and reserved == sorted(reserved), seq
+    # and a guard that switched to the prior below the static memory made plain llama-3.2-1b on an H100 at 128
+    # tokens fall from 22.6 GiB (batches 1-4, prior) to 18.4 (batch 5, the fit)
+    for setting, gpu in ((Setting("llama-3.2-1b", zero_stage=2, offload_optimizer=True, liger=True), H200),
+                         (Setting("llama-3.2-1b"), find_gpu("H100")), (Setting("qwen2.5-0.5b"), H200)):
+        for seq in (1, 16, 128, 1024):
+            predictions = [predictor.predict(setting.with_(seq_len=seq), b, gpu) for b in (1, 2, 4, 5, 8, 64, 1000)]
+            allocated = [p.peak_allocated.mean for p in predictions]
+            bounds = [p.peak_reserved.upper for p in predictions]
+            assert allocated[0] > 0 and allocated == sorted(allocated) and bounds == sorted(bounds), (setting, seq)
 
 
-def test_a_fit_that_would_predict_less_than_the_static_memory_gives_way_to_the_prior():
+def test_a_fit_far_off_the_prior_where_measured_is_not_carried_to_another_length():
     """Records relabelled to 16.8M tokens a sample, carried to 2,048, read -1,023,858 GiB and were recommended."""
     from tests.helpers import synthetic_records
 
@@ -132,7 +135,7 @@ def test_a_fit_that_would_predict_less_than_the_static_memory_gives_way_to_the_p
                                memory=lambda b, s: (17 + 7 * b) * 2**30)
     prediction = Predictor.fit(records).predict(setting.with_(seq_len=2048), 1000, H200)
     assert prediction.peak_allocated.mean > 0 and prediction.source == "prior"
-    assert "less than the static memory" in " ".join(prediction.notes)
+    assert "off the prior at its own smallest batch" in " ".join(prediction.notes)
 
 
 def test_a_micro_batch_below_one_is_refused(predictor):

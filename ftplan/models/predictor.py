@@ -157,19 +157,22 @@ class Predictor:
         fit_seq = seq if fit.covers(seq) else min(fit.seq_lens, key=lambda s: abs(s - seq))
         base = prior_estimate(arch, evidence.setting, batch, evidence.gpu, constants)
         # Memory moves across lengths at the same tokens: the fit's error against the prior, read where the fit
-        # holds as many tokens as this batch, rides on this setting's prior. Read at the same batch instead, it
-        # subtracted the prior's 2,048-token activations from a fit that holds fewer: negative GiB at length 1.
-        memory_batch = batch if fit_seq == seq else batch * seq / fit_seq
-        memory_base = base if fit_seq == seq else prior_estimate(arch, evidence.setting, memory_batch, evidence.gpu,
-                                                                 constants)
+        # holds as many tokens as this batch (at least its smallest calibrated batch: below it the fit's lines fall
+        # under the static memory), rides on this setting's prior. Read at the same batch instead, it subtracted
+        # the prior's 2,048-token activations from a fit that holds fewer: negative GiB at length 1.
+        memory_batch = batch
+        if fit_seq != seq:
+            smallest = min(fit.calibrated_batches(fit_seq), default=1)
+            if not _agrees_with_prior(fit, smallest, fit_seq, arch, evidence, constants):
+                prediction = self._from_prior(setting, batch, gpu, prior, constants)
+                return replace(prediction, notes=(*prediction.notes, f"the fit of {evidence.setting.label()} on "
+                                                  f"{evidence.gpu.name} is over {CONTRADICTION_RATIO:g}x off the prior "
+                                                  "at its own smallest batch: not carried to this length"))
+            memory_batch = max(batch * seq / fit_seq, smallest)
+        memory_base = base if memory_batch == batch else prior_estimate(arch, evidence.setting, memory_batch,
+                                                                        evidence.gpu, constants)
         allocated = _shift(fit.peak_allocated(memory_batch, fit_seq), prior.peak_allocated - memory_base.peak_allocated)
         reserved = _shift(fit.peak_reserved(memory_batch, fit_seq), prior.peak_reserved - memory_base.peak_reserved)
-        if allocated.mean < CONTRADICTION_SHARE * prior_estimate(arch, setting, 0, gpu, constants).peak_allocated:
-            # below what the weights and states alone hold: the calibration and the prior cannot both be right
-            # here (records at 16.8M tokens a sample carried to 2,048 read -1,023,858 GiB), so the prior answers
-            prediction = self._from_prior(setting, batch, gpu, prior, constants)
-            return replace(prediction, notes=(*prediction.notes, f"the fit of {evidence.setting.label()} on "
-                                              f"{evidence.gpu.name} gave less than the static memory here"))
         seconds = _transfer_time(fit.seconds_per_step(batch, fit_seq), base, prior)
         update = seconds.mean * _optimizer_share(prior)
         notes = [evidence.note] if evidence.note else []
@@ -399,9 +402,18 @@ def with_accumulation(prediction: Prediction, accumulation: int) -> Prediction:
                                              "through the micro-steps (calibrated without accumulation)"))
 
 
-# A fit's prediction below this share of the prior's batch-free memory (weights, gradients, optimizer states) is a
-# contradiction, not an error to carry: the prior's static terms are within a few % where measured.
-CONTRADICTION_SHARE = 0.8
+# A fit this many times off the prior where it was measured (either way) contradicts it: the prior's held-out
+# memory error is a few % (`python -m benchmarks.prior_accuracy`), so the pair cannot both be right, and carrying
+# the difference to another length gave nonsense (records at 16.8M tokens a sample read -1,023,858 GiB at 2,048).
+CONTRADICTION_RATIO = 2.0
+
+
+def _agrees_with_prior(fit, batch: int, seq: int, arch, evidence: _Evidence, constants: PriorConstants) -> bool:
+    """Whether the fit and the prior are within CONTRADICTION_RATIO of each other at a calibrated point: decided
+    once per fit, so a setting's predictions never switch between the two as the batch grows."""
+    measured = fit.peak_allocated(batch, seq).mean
+    counted = prior_estimate(arch, evidence.setting, batch, evidence.gpu, constants).peak_allocated
+    return measured > 0 and counted > 0 and 1 / CONTRADICTION_RATIO <= measured / counted <= CONTRADICTION_RATIO
 
 
 def _shift(estimate: Estimate, delta: float) -> Estimate:
