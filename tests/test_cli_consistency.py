@@ -46,6 +46,13 @@ def test_fit_never_replaces_a_file_unasked_nor_the_records_it_reads(tmp_path, ca
     (tmp_path / "link.json").symlink_to(tmp_path / "elsewhere.json")
     code, _, err = run_ftplan(["fit", records, "--out", tmp_path / "link.json", "--force"], capsys, monkeypatch)
     assert code == 2 and "symlink" in err and not (tmp_path / "elsewhere.json").exists()
+    (tmp_path / "hard.jsonl").hardlink_to(records)  # the same file by another name, and through a folder's link
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "l.jsonl").symlink_to(records)
+    for source, out in ((records, tmp_path / "hard.jsonl"), (tmp_path / "folder", records)):
+        code, _, err = run_ftplan(["fit", source, "--out", out, "--force"], capsys, monkeypatch)
+        assert code == 2 and "records file this fit reads" in err, err
+    assert records.read_text() == kept
     code, _, err = run_ftplan(["fit", records, "--out", tmp_path / "notes.json", "--force"], capsys, monkeypatch)
     assert code == 0 and "fits" in json.loads((tmp_path / "notes.json").read_text())
 

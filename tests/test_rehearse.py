@@ -79,6 +79,14 @@ def test_rehearse_refuses_a_folder_emit_did_not_write_in_one_line(tmp_path, caps
     assert code == 2 and "not as `ftplan plan --emit` wrote it" in err
 
 
+def test_a_folder_missing_a_run_file_is_refused(tmp_path, capsys, monkeypatch):
+    """A deleted training_args.json (or ds_config.json) passed: only files present were checked."""
+    folder = emit(tmp_path, capsys, monkeypatch)
+    (folder / "training_args.json").unlink()
+    code, _, err = run_ftplan(["rehearse", folder, "--dry-run"], capsys, monkeypatch)
+    assert code == 2 and "training_args.json is not as `ftplan plan --emit` wrote it (edited or deleted" in err
+
+
 @pytest.mark.parametrize("name, edit", [(PLAN_JSON, lambda numbers: {**numbers, "predicted": None}),
                                         (PLAN_JSON, lambda numbers: {**numbers, "micro_batch": 0}),
                                         ("training_args.py", None)])

@@ -31,6 +31,10 @@ def test_report_writes_into_a_folder_with_files_only_with_force(tmp_path, capsys
     args = ["report", "--model", "qwen1.5-0.5b", "--calibrations", external, "--out", out, "--gpus", "1"]
     code, _, err = run_ftplan(args, capsys, monkeypatch)
     assert code == 2 and "--force" in err and (out / MEMORY_PNG).read_text() == "the user's chart"
+    (out / TIME_PNG).symlink_to(tmp_path / "precious.txt")
+    code, _, err = run_ftplan([*args, "--force"], capsys, monkeypatch)
+    assert code == 2 and "is a symlink" in err and not (tmp_path / "precious.txt").exists()
+    (out / TIME_PNG).unlink()
     code, _, err = run_ftplan([*args, "--force"], capsys, monkeypatch)
     assert code == 0, err
     assert (out / MEMORY_PNG).read_bytes().startswith(PNG_MAGIC)

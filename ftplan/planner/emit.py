@@ -336,16 +336,19 @@ def _replaceable(folder: int, directory: Path, names: set[str], force: bool) -> 
 
 
 def edited_run_files(directory: Path) -> list[str]:
-    """The files that make the run (plan.json, the Trainer arguments, the DeepSpeed config) present in an emitted
-    folder but not as ftplan wrote them, by the manifest's digests: what rehearse would not be verifying."""
+    """The files that make the run (plan.json, the Trainer arguments, the DeepSpeed config) in an emitted folder
+    not as ftplan wrote them (edited, or deleted), by the manifest's digests: what rehearse would not be verifying."""
     try:
         folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
         raise FtplanError(f"cannot open {directory}: {exc.strerror}") from None
     try:
-        present = set(os.listdir(folder)) & {PLAN_JSON, TRAINING_ARGS, TRAINING_ARGS_PY, DS_CONFIG}
+        run_files = {PLAN_JSON, TRAINING_ARGS, TRAINING_ARGS_PY, DS_CONFIG}
+        present = set(os.listdir(folder)) & run_files
         written = _read_manifest(folder)
-        return sorted(name for name in present if name not in written or not _is_file_with(folder, name, written[name]))
+        missing = (set(written) & run_files) - present  # a deleted ds_config.json leaves a run that cannot start
+        return sorted(missing | {name for name in present
+                                 if name not in written or not _is_file_with(folder, name, written[name])})
     finally:
         os.close(folder)
 

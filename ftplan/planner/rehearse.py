@@ -82,9 +82,8 @@ def read_plan(directory: Path) -> dict:
         raise FtplanError(f"{directory} has no {PLAN_JSON}: rehearse a folder written by `ftplan plan --emit`")
     edited = edited_run_files(Path(directory))
     if edited:  # checked before any GPU time: rehearse verifies what --emit wrote, unchanged
-        raise FtplanError(f"{Path(directory) / edited[0]} is not as `ftplan plan --emit` wrote it (edited since?); "
-                          "rehearse runs the emitted folder unchanged: emit it again "
-                          "(`ftplan plan ... --emit DIR --force`)")
+        raise FtplanError(f"{Path(directory) / edited[0]} is not as `ftplan plan --emit` wrote it (edited or "
+                          "deleted since); rehearse runs the emitted folder unchanged: emit it into a new folder")
     try:
         numbers = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError) as exc:

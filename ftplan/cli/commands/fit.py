@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
@@ -52,10 +53,10 @@ def refuse_out(out: Path, inputs, force: bool) -> None:
 
 
 def _reads(source: Path, out: Path) -> bool:
-    """Whether reading `source` (a records file, or a folder of *.jsonl) reads `out`."""
-    if source.is_dir():
-        return out.suffix == ".jsonl" and out.resolve().parent == source.resolve()
-    return out.resolve() == source.resolve()
+    """Whether reading `source` (a records file, or a folder of *.jsonl) reads the file `out` is: by identity, so
+    a hard link or a folder's symlink to it counts too."""
+    files = sorted(source.glob("*.jsonl")) if source.is_dir() else [source]
+    return any(file.exists() and os.path.samefile(file, out) for file in files)
 
 
 def fit_naming_models(records: list[dict]) -> FitSet:

@@ -52,6 +52,9 @@ def command(model: str | None, out: Path, dataset_size: int, epochs: float, gpu_
         raise FtplanError(f"no calibration records{which} on a known GPU to plot (pass --calibrations PATH)")
     if not force and out.is_dir() and any(out.iterdir()):  # nothing a user wrote is replaced unasked
         raise FtplanError(f"{out} has files in it; pass --force to write the charts there, or choose another --out")
+    links = sorted(p.name for p in out.iterdir() if p.is_symlink()) if out.is_dir() else []
+    if links:  # a chart written through one would land wherever it points
+        raise FtplanError(f"{out / links[0]} is a symlink; write the charts to a folder without links")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
