@@ -370,7 +370,7 @@ def with_activation_phase(curve: Curve, healthy: list[dict], record: dict) -> tu
     phase cannot lie above what was measured. When no point lies on the activation line, the step's height
     above it is returned for the reserved memory (Overhead.step_blocks).
     """
-    known = _known(record)
+    known = known_terms(record)
     if known is None:
         return curve, 0.0
     arch, setting = known
@@ -392,7 +392,7 @@ def with_activation_phase(curve: Curve, healthy: list[dict], record: dict) -> tu
     return replace(curve, bound_lines=(steepest,)), step_blocks
 
 
-def _known(record: dict) -> tuple[Architecture, Setting] | None:
+def known_terms(record: dict) -> tuple[Architecture, Setting] | None:
     """The record's architecture and setting; None for an architecture not known here (its terms drop out)."""
     try:
         return cached_architecture(record["model"]), Setting.from_dict(record)
@@ -402,7 +402,7 @@ def _known(record: dict) -> tuple[Architecture, Setting] | None:
 
 def _logit_bytes_per_token(record: dict) -> float:
     """Bytes of one fp32 logits tensor per token; 0 for an unknown architecture (no term)."""
-    known = _known(record)
+    known = known_terms(record)
     return logit_elements_per_sample(*known) * FP32_BYTES / known[1].seq_len if known else 0.0
 
 

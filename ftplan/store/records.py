@@ -364,16 +364,21 @@ def read_records(paths: Iterable[Path], kind: str = "trial") -> list[dict]:
     return _without_duplicate_trials(records) if kind == "trial" else records
 
 
+def record_files(paths: Iterable[Path]) -> list[Path]:
+    """The files read_records reads: each path, or a folder's *.jsonl; only regular files of a folder, since a FIFO
+    dropped in ./calibrations/ once hung every plan."""
+    files: list[Path] = []
+    for path in map(Path, paths):
+        files.extend(sorted(p for p in path.glob("*.jsonl") if p.is_file()) if path.is_dir() else [path])
+    return files
+
+
 def _read_all(paths: Iterable[Path], kind: str) -> list[dict]:
     records: list[dict] = []
-    for path in paths:
-        path = Path(path)
-        if path.is_dir():  # only its regular files: a FIFO dropped in ./calibrations/ once hung every plan
-            records.extend(_read_all(sorted(p for p in path.glob("*.jsonl") if p.is_file()), kind))
-        elif not path.exists():
+    for path in record_files(paths):
+        if not path.exists():
             raise FtplanError(f"calibration file {printable(str(path))} does not exist")
-        else:
-            records.extend(iter_records(path, kind))
+        records.extend(iter_records(path, kind))
     return records
 
 

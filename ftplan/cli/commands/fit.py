@@ -15,7 +15,7 @@ from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.fitset import FitSet, fit_records
 from ftplan.evidence.inputs import default_calibrations
-from ftplan.store.records import read_records
+from ftplan.store.records import read_records, record_files
 
 
 @click.command("fit")
@@ -46,17 +46,11 @@ def refuse_out(out: Path, inputs, force: bool) -> None:
     through, and a records file being read is never the output (`fit cal.jsonl --out cal.jsonl` erased it)."""
     if out.is_symlink():
         raise FtplanError(f"{out} is a symlink; write the fits to a real file")
-    if out.exists() and any(_reads(Path(source), out) for source in inputs):
+    if out.exists() and any(file.exists() and os.path.samefile(file, out) for file in record_files(inputs)):
+        # by identity: a hard link or a folder's symlink to a records file is that file
         raise FtplanError(f"{out} is a calibration records file this fit reads; choose another --out")
     if out.exists() and not force:
         raise FtplanError(f"{out} exists; pass --force to replace it, or choose another --out")
-
-
-def _reads(source: Path, out: Path) -> bool:
-    """Whether reading `source` (a records file, or a folder of *.jsonl) reads the file `out` is: by identity, so
-    a hard link or a folder's symlink to it counts too."""
-    files = sorted(source.glob("*.jsonl")) if source.is_dir() else [source]
-    return any(file.exists() and os.path.samefile(file, out) for file in files)
 
 
 def fit_naming_models(records: list[dict]) -> FitSet:

@@ -7,11 +7,11 @@ from pathlib import Path
 import click
 
 from ftplan.cli.commands.input_options import GPU_SPECS_HELP, budget_options, calibrations_option, link_options
-from ftplan.core.architecture import cached_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import CPU, load_catalog
 from ftplan.core.settings import Setting
 from ftplan.evidence.inputs import load_evidence
+from ftplan.models.fit import known_terms
 
 
 @click.command("report")
@@ -42,7 +42,8 @@ def command(model: str | None, out: Path, dataset_size: int, epochs: float, gpu_
 
     counts = parse_gpu_counts(gpus)
     evidence = load_evidence(calibrations, load_catalog(gpu_specs))
-    records = [r for r in evidence.records if (model is None or r["model"] == model) and _architecture_known(r)]
+    # a record whose model no longer loads (its config deleted) is left out, as plan leaves it out
+    records = [r for r in evidence.records if (model is None or r["model"] == model) and known_terms(r) is not None]
     cards = {r.get("gpu_name"): evidence.card_of(r) for r in records}
     cards = {name: card for name, card in cards.items() if card is not None}
     budgets = {name: evidence.budget(card, safety_margin, context_reserve_gib) for name, card in cards.items()}
@@ -73,12 +74,3 @@ def command(model: str | None, out: Path, dataset_size: int, epochs: float, gpu_
     for path in written:
         click.echo(f"wrote {path}")
 
-
-def _architecture_known(record: dict) -> bool:
-    """Whether the record's model loads: a record of a config file since deleted is left out, as plan leaves it
-    (loading the records warned of it already), instead of ending the report."""
-    try:
-        cached_architecture(record["model"])
-    except FtplanError:
-        return False
-    return True
