@@ -60,6 +60,16 @@ def test_chat_messages_sum_every_turn_and_say_the_template_is_not_counted(tmp_pa
     assert "'messages'" in result.method and "chat template" in result.method
 
 
+def test_chat_content_given_as_parts_and_sharegpt_values_are_counted(tmp_path):
+    """OpenAI-style content parts ({"type": "text", "text": ...}) counted as empty: 1 token a
+    sample. An image part adds nothing."""
+    parts = [{"role": "user", "content": [{"type": "text", "text": "u" * 400}, {"type": "image_url", "image_url": {}}]},
+             {"role": "assistant", "content": [{"type": "text", "text": "a" * 3999}]}]
+    sharegpt = [{"from": "human", "value": "u" * 400}, {"from": "gpt", "value": "a" * 3999}]
+    assert load_lengths(_jsonl(tmp_path / "d.jsonl", [{"messages": parts}])).lengths.tolist() == [1100]
+    assert load_lengths(_jsonl(tmp_path / "s.jsonl", [{"conversations": sharegpt}])).lengths.tolist() == [1100]
+
+
 def test_nested_ids_and_a_list_of_numbers_for_a_chat_are_refused_not_counted(tmp_path):
     """[[1, 2], [3]] counted 2 tokens, and "messages": [1, 2] the text "1\\n2"."""
     nested = _jsonl(tmp_path / "ids.jsonl", [{"input_ids": [[1, 2], [3]]}])

@@ -132,3 +132,10 @@ def test_a_length_past_the_models_context_is_warned_about(capsys, monkeypatch):
     code, out, err = run_ftplan(["plan", "--model", "llama-3-8b", "--gpu", "H200", "--dataset-size", "1000",
                                  "--lora"], capsys, monkeypatch)
     assert "context of" not in out + err
+
+
+def test_ranked_by_cost_the_side_by_side_recommendation_says_cheapest(capsys, monkeypatch):
+    out = _plan(["plan", "--model", "llama-3.2-1b", "--dataset-size", 1000, "--gpu", "H200", "--by", "cost",
+                 "--price-per-hour", 3], capsys, monkeypatch)
+    heading = next(line for line in out.splitlines() if line.startswith("Recommendation: "))
+    assert heading.endswith("(the cheapest of both kinds)"), heading

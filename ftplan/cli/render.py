@@ -252,7 +252,8 @@ def _print_recommendation(plan: Plan, console: Console, failed: dict[Setting, st
                       "(--full or --lora plans, recommends and emits only that kind). The best of each:")
         print_table(console, training_table(plan, failed))
     if rec is not None:
-        which = " (the fastest of both kinds)" if both else ""
+        metric = "cheapest" if plan.request.by == "cost" else "fastest"
+        which = f" (the {metric} of both kinds)" if both else ""
         console.print(f"\n[bold]Recommendation: {rec.label}, batch {rec.batch} per GPU, "
                       f"ETA {format_duration(rec.eta.total_seconds)}[/]{_upper_time(rec.eta)}{which}")
         console.print(_bullets(advice.reasons(plan, training_note=not both)))

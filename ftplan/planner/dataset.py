@@ -387,14 +387,23 @@ def _as_text(value: object, depth: int = 0) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, (list, tuple, np.ndarray)) and depth < MAX_CHAT_DEPTH:
-        return "\n".join(_as_text(v.get("content", v.get("value", "")) if isinstance(v, dict) else v, depth + 1)
-                         for v in value)
+        texts = (_as_text(_turn_text(v) if isinstance(v, dict) else v, depth + 1) for v in value)
+        return "\n".join(text for text in texts if text)  # an image part or an empty turn adds no newline
     if isinstance(value, (list, tuple, np.ndarray, dict)):  # nested deeper than any chat: its JSON text is counted
         try:
             return json.dumps(value, default=str)
         except (RecursionError, ValueError):
             return ""
     return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+
+
+def _turn_text(turn: dict) -> object:
+    """A turn's or content part's text: `content` (OpenAI, TRL), `value` (ShareGPT) or `text` (a part
+    {"type": "text", "text": ...} of a content list); an image part has none."""
+    for key in ("content", "value", "text"):
+        if key in turn:
+            return turn[key]
+    return ""
 
 
 def _ids_length(value: object, field: str, path: Path, row: int, lines: list[int] | None) -> int:
