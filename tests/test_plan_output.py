@@ -136,6 +136,6 @@ def test_a_length_past_the_models_context_is_warned_about(capsys, monkeypatch):
 
 def test_ranked_by_cost_the_side_by_side_recommendation_says_cheapest(capsys, monkeypatch):
     out = _plan(["plan", "--model", "llama-3.2-1b", "--dataset-size", 1000, "--gpu", "H200", "--by", "cost",
-                 "--price-per-hour", 3], capsys, monkeypatch)
+                 "--price-per-hour", 3], capsys, monkeypatch, columns=300)
     heading = next(line for line in out.splitlines() if line.startswith("Recommendation: "))
     assert heading.endswith("(the cheapest of both kinds)"), heading
