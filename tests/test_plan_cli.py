@@ -124,3 +124,12 @@ def test_with_a_dataset_seq_len_cuts_only_when_given_and_the_api_agrees(tmp_path
     whole = ftplan.plan(model="qwen2.5-0.5b", dataset=data, ids_field="input_ids").to_dict()["dataset"]
     cut = ftplan.plan(model="qwen2.5-0.5b", dataset=data, ids_field="input_ids", seq_len=2048).to_dict()["dataset"]
     assert (whole["recommended"]["memory_length"], cut["recommended"]["memory_length"]) == (3000, 2048)
+
+
+def test_json_where_nothing_fits_in_memory_prints_a_document_and_exits_3(capsys, monkeypatch):
+    """It printed nothing on stdout: a script reading --json got an empty document."""
+    code, out, err = run_ftplan(["plan", "--model", "llama-3-8b", "--gpu", "3090", "--full", "--dataset-size", 1000,
+                                 "--json"], capsys, monkeypatch)
+    document = json.loads(out)
+    assert code == 3 and document["recommendation"] is None and document["fits"] is False
+    assert "even at batch 1" in document["error"] and err.startswith("error: ")

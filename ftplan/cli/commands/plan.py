@@ -142,7 +142,7 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
     if emit is not None:
         from ftplan.planner.emit import refuse_occupied
         refuse_occupied(emit, force)
-    with _warnings_kept() as caught:
+    with _warnings_kept() as caught, _nothing_fits_as_json(as_json):
         result = api.plan(model, dataset_size, gpu_name, epochs=epochs, seq_len=seq_len, gpus=gpus,
                           gpus_per_node=gpus_per_node, step_time_cv=step_time_cv, intra_node_bandwidth=intra_node_bandwidth,
                           inter_node_bandwidth=inter_node_bandwidth, price_per_hour=price_per_hour, max_hours=max_hours,
@@ -182,6 +182,18 @@ def _dataset_options(ctx: click.Context) -> DatasetOptions:
                                "every sample is padded to --seq-len")
     return DatasetOptions(params["batching_strategy"], params["pack_length"], None, params["too_long"],
                           params["global_batch"])
+
+
+@contextlib.contextmanager
+def _nothing_fits_as_json(as_json: bool) -> Iterator[None]:
+    """With --json, a plan where nothing fits still prints a document (no recommendation, the reason) for the
+    script reading it; the error line and exit status 3 follow as without --json."""
+    try:
+        yield
+    except DoesNotFit as exc:
+        if as_json:
+            click.echo(json.dumps({"recommendation": None, "fits": False, "error": " ".join(str(exc).split())}, indent=2))
+        raise
 
 
 @contextlib.contextmanager
