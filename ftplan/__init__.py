@@ -2,7 +2,7 @@
 
     import ftplan
     result = ftplan.plan(model="llama-3-8b", dataset_size=19692, gpu="H200")
-    ftplan.predict("llama-3-8b", 4, "H200", lora_rank=16)
+    ftplan.predict("llama-3-8b", 4, "H200", lora_rank=16)   # bad arguments raise ftplan.FtplanError
     ftplan.plan("llama-3.2-1b", gpu="H200", dataset="train.jsonl",
                 dataset_options=ftplan.DatasetOptions(strategy="pack", global_batch=64))
     trainer.add_callback(ftplan.FtplanCallback())   # needs the calibrate extra (transformers)
@@ -12,7 +12,7 @@ Names load on first use: `import ftplan` pulls in neither pandas nor transformer
 
 from __future__ import annotations
 
-__all__ = ["DatasetOptions", "FtplanCallback", "plan", "predict"]
+__all__ = ["DatasetOptions", "FtplanCallback", "FtplanError", "plan", "predict"]
 
 
 def __getattr__(name: str):
@@ -24,6 +24,10 @@ def __getattr__(name: str):
         from ftplan.planner.dataset_plan import DatasetOptions
 
         return DatasetOptions
+    if name == "FtplanError":  # what every check of the API raises: one message, fit for a notebook
+        from ftplan.core.errors import FtplanError
+
+        return FtplanError
     if name == "FtplanCallback":
         from ftplan.calibration.callback import FtplanCallback
 

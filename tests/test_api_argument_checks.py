@@ -25,9 +25,12 @@ from ftplan.core.errors import FtplanError
     ({"dataset_size": 100, "dataset_options": "pack"}, "dataset_options must be a DatasetOptions"),
     ({"dataset_size": 100, "calibrations": 5}, "calibrations must be a path or a list of paths"),
     ({"dataset_size": 100, "calibrations": [5]}, r"calibrations\[0\] must be a string"),
+    ({"dataset_size": 100, "lora_ranks": 16}, "lora_ranks must be a list, got 16"),
+    ({"dataset_size": 100, "allow": "qlora"}, "allow must be a list, got 'qlora'"),
+    ({"dataset_size": 100, "allow": ["4bit"]}, "allow takes 'qlora', got '4bit'"),
 ])
 def test_plan_refuses_mistyped_arguments(kwargs, message):
-    with pytest.raises(FtplanError, match=message):
+    with pytest.raises(ftplan.FtplanError, match=message):  # the package's own name for the error a user catches
         ftplan.plan(**{"model": "llama-3-8b", "gpu": "H200", **kwargs})
 
 

@@ -41,7 +41,7 @@ from ftplan.planner.dataset_plan import (
 from ftplan.planner.gpu_counts import ScalingPlan, plan_gpu_counts
 from ftplan.planner.headline import headline
 from ftplan.evidence.inputs import Evidence
-from ftplan.planner.search import DEFAULT_LORA_RANKS, Plan, PlanRequest, SetupPlan, make_plan
+from ftplan.planner.search import ALLOWED, DEFAULT_LORA_RANKS, Plan, PlanRequest, SetupPlan, make_plan
 from ftplan.planner.verified import mark_verified
 from ftplan.evidence.workspace import Workspace
 
@@ -145,6 +145,7 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
                    safety_margin=safety_margin, context_reserve_gib=context_reserve_gib,
                    host_memory_gib=host_memory_gib, chars_per_token=chars_per_token)
     _check_finite(price_per_hour=price_per_hour, max_hours=max_hours, context_reserve_gib=context_reserve_gib)
+    _check_lists(lora_ranks=lora_ranks, allow=allow)
     _check_integers(dataset_size=dataset_size, seq_len=seq_len, gpus_per_node=gpus_per_node,
                     **({} if isinstance(gpus, str) else {"gpus": gpus}),
                     **{f"lora_ranks[{i}]": rank for i, rank in enumerate(lora_ranks)})
@@ -314,6 +315,16 @@ def _paths(calibrations: object) -> list[Path | str]:
         raise FtplanError(f"calibrations must be a path or a list of paths, got {calibrations!r}")
     _check_names(**{f"calibrations[{i}]": path for i, path in enumerate(paths)})
     return list(paths)
+
+
+def _check_lists(**values: object) -> None:
+    """A list or tuple: 16 for lora_ranks ended in a bare TypeError, and allow="qlora" was read letter by letter."""
+    for name, value in values.items():
+        if not isinstance(value, (list, tuple)):
+            raise FtplanError(f"{name} must be a list, got {value!r}")
+    unknown = [option for option in values.get("allow", ()) if option not in ALLOWED]
+    if unknown:
+        raise FtplanError(f"allow takes {', '.join(map(repr, ALLOWED))}, got {unknown[0]!r}")
 
 
 def _check_integers(**values: object) -> None:

@@ -30,6 +30,7 @@ from ftplan.models.prediction import (
 from ftplan.models.safe_batch import MemoryBudget, is_safe, largest_safe_batch
 
 TRAINING_KINDS = ("any", "full", "lora")
+ALLOWED = ("qlora",)  # setups planned only when asked for (--allow)
 RANK_BY = ("time", "cost")
 DEFAULT_LORA_RANKS = (16, 64)
 DEFAULT_SAFETY_MARGIN = SAFETY_MARGIN
@@ -149,7 +150,7 @@ class PlanRequest:
     lora_ranks: tuple[int, ...] = DEFAULT_LORA_RANKS
     host_memory_gib: float | None = None  # host RAM per node; None: unknown, offload rows only show their need
     precision: str | None = None  # --precision: only this regime; None ranks DEFAULT_PRECISIONS and any calibrated one
-    allow: tuple[str, ...] = ()  # opt-in setups: "qlora" adds every LoRA setup on a 4-bit NF4 base
+    allow: tuple[str, ...] = ()  # opt-in setups (ALLOWED): "qlora" adds every LoRA setup on a 4-bit NF4 base
 
     def __post_init__(self) -> None:
         if self.host_memory_gib is not None:

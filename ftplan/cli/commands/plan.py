@@ -33,7 +33,7 @@ from ftplan.models.batching import STRATEGIES
 from ftplan.models.scaling import DEFAULT_GPUS_PER_NODE
 from ftplan.planner import advice, api
 from ftplan.planner.dataset_plan import DatasetOptions
-from ftplan.planner.search import DEFAULT_LORA_RANKS
+from ftplan.planner.search import ALLOWED, DEFAULT_LORA_RANKS
 
 host_memory_option = click.option(
     "--host-memory-gib", type=float, default=None,
@@ -85,7 +85,7 @@ def _training(ctx: click.Context, choice: str, given: bool) -> None:
               callback=positive_int_list("LoRA ranks"), help="LoRA ranks to consider.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default=None,
               help="Plan this precision regime only.  [default: rank bf16 mixed precision and pure bf16]")
-@click.option("--allow", "allow", type=click.Choice(["qlora"]), multiple=True,
+@click.option("--allow", "allow", type=click.Choice(ALLOWED), multiple=True,
               help="Also rank QLoRA: LoRA on a 4-bit NF4 base (bitsandbytes). It needs about a quarter of the "
                    "base's memory, but each linear is dequantized for every matmul, so a step is slower than "
                    "LoRA on a bf16 base; the time is measured where calibrated, else the prior's FLOPs, which "
