@@ -139,3 +139,12 @@ def test_ranked_by_cost_the_side_by_side_recommendation_says_cheapest(capsys, mo
                  "--price-per-hour", 3], capsys, monkeypatch, columns=300)
     heading = next(line for line in out.splitlines() if line.startswith("Recommendation: "))
     assert heading.endswith("(the cheapest of both kinds)"), heading
+
+
+def test_a_switch_without_which_nothing_fits_names_the_setup_that_does_not(capsys, monkeypatch):
+    """"without that, not even batch 1 fits" read as if nothing fits without offload, beside a table of other
+    families that do."""
+    plan = _json(["plan", "--model", "llama-3-8b", "--gpu", "H200", "--full", "--precision", "bf16",
+                  "--dataset-size", 1000], capsys, monkeypatch)
+    reason = next(r for r in plan["reasons"] if r.startswith("optimizer offload on: without that"))
+    assert re.search(r"without that, \S+ .*full.* does not fit even at batch 1", reason), reason

@@ -72,7 +72,8 @@ def _compare(plan: Plan, rec: SetupPlan, switch: Switch) -> str | None:
         return f"{switch.name} {state}: without that, {host_shortfall(twin, plan.request)}. {switch.why}."
     if not twin.fits:
         need = twin.at_batch_one.peak_reserved.upper / GIB
-        return (f"{switch.name} {state}: without that, not even batch 1 fits "
+        # the twin is named: another family (LoRA beside full, say) may well fit without this switch
+        return (f"{switch.name} {state}: without that, {twin.label} does not fit even at batch 1 "
                 f"({need:.1f} GiB > {usable:.1f} GiB usable). {switch.why}.")
     # the ETA's step time, as the table prints it: with a dataset it is timed at the mean padded length,
     # while the prediction (`best`) sits at the longest batch's length, which sets memory
