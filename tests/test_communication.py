@@ -1,5 +1,6 @@
 """The data-parallel time model obeys its own limits, and links come from the catalog or from records."""
 
+import json
 import math
 
 import pytest
@@ -191,3 +192,21 @@ def test_without_multi_gpu_records_no_overlap_is_assumed():
     estimate = estimate_overlap([_record(FULL, 2.0)], CLOUD)
     assert (estimate.overlap, estimate.pairs) == (DEFAULT_OVERLAP, 0)
     assert "default" in estimate.source
+
+
+def test_a_cpu_calibration_never_sets_the_gpu_ranks_spread(tmp_path):
+    """A busy host's CPU ladder in ./calibrations/ raised the pooled cv from 0.034 and slowed an 8-GPU Mixtral
+    plan on the H200 by 9%: a CPU's steps say nothing of how GPU ranks straggle."""
+    from ftplan.core.paths import calibrations_dir
+    from ftplan.evidence.workspace import Workspace
+    from ftplan.store.records import build_record
+
+    shipped = Workspace.open("H200").links.step_time_cv
+    noisy = [build_record(Setting("tiny-llama", seq_len=256, precision="fp32"), batch, "ok", device="cpu",
+                          gpu_name="cpu", gpu_memory_total_bytes=24 * 2**30, peak_allocated_bytes=2**30,
+                          peak_reserved_bytes=2**30, seconds_per_step=1.5, num_alloc_retries=0,
+                          step_seconds=[2.5, 1.9, 1.1, 0.7]) for batch in (1, 2, 4)]
+    (tmp_path / "cpu.jsonl").write_text("".join(json.dumps(r) + "\n" for r in noisy))
+    with_cpu = Workspace.open("H200", [*sorted(calibrations_dir().glob("*.jsonl")), tmp_path / "cpu.jsonl"])
+    assert with_cpu.links.step_time_cv == pytest.approx(shipped) and shipped < 0.1
+    assert Workspace.open("cpu", [tmp_path / "cpu.jsonl"]).links.step_time_cv > 0.3

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from ftplan.core.hardware import GpuSpec, find_gpu, load_catalog
+from ftplan.core.hardware import CPU, GpuSpec, find_gpu, load_catalog
 from ftplan.core.settings import Setting
 from ftplan.models.communication.links import Links
 from ftplan.models.prediction import Prediction
@@ -41,7 +41,9 @@ class Workspace:
         card = find_gpu(gpu, catalog)
         evidence = load_evidence(tuple(Path(c) for c in calibrations), catalog)
         links, links_text = evidence.links(card, intra_node_bandwidth, inter_node_bandwidth)
-        links, spread_text = with_step_time_cv(links, step_time_cv, evidence.records)
+        # a CPU's step times (a busy host's especially) say nothing of how GPU ranks straggle, nor the reverse
+        same_kind = [r for r in evidence.records if (r.get("device") == CPU) == (card.name == CPU)]
+        links, spread_text = with_step_time_cv(links, step_time_cv, same_kind)
         return cls(evidence, card, links, f"{links_text} {spread_text}")
 
     @cached_property

@@ -315,7 +315,7 @@ def fit_setting(records: list[dict], compute_rate: ComputeRate | None = None) ->
     """
     records = [r for r in records if r["status"] in ("ok", "oom")]
     first = records[0]
-    label = f"{Setting.from_dict(first).label()} on {first.get('gpu_name')}"
+    label = f"{first['model']} {Setting.from_dict(first).label()} on {first.get('gpu_name')}"  # settings span models
     healthy, walls = healthy_points(records)
     if len({(r["seq_len"], r["micro_batch"]) for r in healthy}) < 2:
         raise FtplanError(f"{label}: fewer than two healthy batch sizes measured, nothing to fit")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 
 import click
@@ -11,7 +10,6 @@ from rich.table import Table
 
 from ftplan.cli.render import COMPACT, make_console, print_table
 from ftplan.core.errors import FtplanError
-from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.fitset import FitSet, fit_records
 from ftplan.evidence.inputs import default_calibrations
@@ -30,7 +28,7 @@ def command(records: tuple[Path, ...], out: Path, force: bool) -> None:
     inputs = records or default_calibrations()
     refuse_out(out, inputs, force)
     records_read = read_records(inputs)
-    fits = fit_naming_models(records_read)
+    fits = fit_records(records_read)
     if not fits.fits:
         raise FtplanError("no setting has two or more healthy batch sizes to fit")
     try:
@@ -51,25 +49,6 @@ def refuse_out(out: Path, inputs, force: bool) -> None:
         raise FtplanError(f"{out} is a calibration records file this fit reads; choose another --out")
     if out.exists() and not force:
         raise FtplanError(f"{out} exists; pass --force to replace it, or choose another --out")
-
-
-def fit_naming_models(records: list[dict]) -> FitSet:
-    """fit_records, with each warning about a setting that cannot be fitted led by its model's name:
-    the fitting code names the setting and card ("ddp full gc s2048 on NVIDIA H200"), which several
-    models share."""
-    models: dict[str, set[str]] = {}
-    for record in records:
-        label = f"{Setting.from_dict(record).label()} on {record.get('gpu_name')}"
-        models.setdefault(label, set()).add(str(record.get("model")))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        fits = fit_records(records)
-    for warning in caught:
-        message = str(warning.message)
-        owners = next((names for label, names in models.items() if message.startswith(f"{label}:")), set())
-        prefix = f"{', '.join(sorted(owners))} " if owners else ""
-        warnings.warn_explicit(prefix + message, warning.category, warning.filename, warning.lineno)
-    return fits
 
 
 def fit_table(fits: FitSet) -> Table:
