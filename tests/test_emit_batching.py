@@ -118,6 +118,18 @@ def test_the_emitted_collator_pads_with_eos_where_the_tokenizer_has_no_pad_token
     assert batch["input_ids"][0].tolist() == [1, 1, 1, 0, 0] and batch["labels"][0].tolist()[3:] == [-100, -100]
 
 
+def test_the_emitted_collator_refuses_a_tokenizer_without_pad_or_eos_when_built(tmp_path):
+    """A tokenizer.json trained with `tokenizers` has neither: the first batch failed inside Trainer.train()."""
+    pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    _emit(tmp_path, "dynamic")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0}, unk_token="a")))
+    with pytest.raises(ValueError, match="neither a pad nor an eos token: set tokenizer.pad_token first"):
+        _module(tmp_path).data_collator(tokenizer)
+
+
 @pytest.mark.parametrize("alloc_conf", ["expandable_segments:True", ""])
 def test_the_emitted_module_sets_the_allocator_the_plan_was_made_for_before_cuda_allocates(tmp_path, alloc_conf):
     pytest.importorskip("transformers")

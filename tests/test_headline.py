@@ -81,3 +81,12 @@ def test_the_calibrated_alternative_is_of_the_winners_training_kind_where_one_wa
     assert rec.best.source == "prior" and rec.training == "lora"
     alternative = next(line for line in result.headline if "best calibrated alternative" in line)
     assert "lora" in alternative.split(",")[0] and "different training" not in alternative
+
+
+def test_a_cpu_plans_calibrate_command_runs_on_the_cpu():
+    """It left out --device cpu, so the printed command failed with 'no CUDA GPU is visible here'."""
+    result = api.plan("tiny-llama", 1000, "cpu", seq_len=256, precision="fp32")
+    command = next(line for line in result.headline if line.startswith("to measure it"))
+    assert "--device cpu" in command and "GPU-minutes" not in command
+    argv = command.split("`")[1].split()[2:]
+    assert calibrate.make_context("calibrate", argv).params["device"] == "cpu"

@@ -253,3 +253,14 @@ def test_a_packed_folder_rehearses_through_trls_sfttrainer_padding_free(tmp_path
     batch = next(iter(trainer.get_train_dataloader()))
     assert "position_ids" in batch and "attention_mask" not in batch and batch["input_ids"].shape[0] == 1
     assert trainer.train().global_step == 2
+
+
+def test_a_cpu_plan_is_not_sent_to_rehearse_which_points_nowhere(tmp_path, capsys, monkeypatch):
+    """A --gpu cpu folder was told to `ftplan rehearse` it, which then said 'use --device cpu', an option it lacks."""
+    folder = tmp_path / "cpu"
+    code, out, err = run_ftplan(["plan", "--model", "tiny-llama", "--seq-len", 256, "--dataset-size", 100, "--gpu",
+                                 "cpu", "--precision", "fp32", "--emit", folder], capsys, monkeypatch)
+    assert code == 0 and "verify it on the GPU" not in out and "run your train.py" in out, out
+    assert "ftplan rehearse" not in (folder / "README.txt").read_text()
+    code, _, err = run_ftplan(["rehearse", folder], capsys, monkeypatch)
+    assert code == 2 and "planned for this CPU" in err and "--device" not in err

@@ -108,7 +108,7 @@ def cuda_problem() -> str | None:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"cannot check for a CUDA GPU: {exc}"
     if result.returncode == 3:
-        return "no CUDA GPU is visible here (torch.cuda.is_available() is False); use --device cpu"
+        return "no CUDA GPU is visible here (torch.cuda.is_available() is False)"
     if result.returncode:
         lines = result.stderr.decode(errors="replace").strip().splitlines()
         last = lines[-1] if lines else f"exit code {result.returncode}"

@@ -22,6 +22,7 @@ from pathlib import Path
 from ftplan.calibration.deepspeed_config import deepspeed_config
 from ftplan.core import recipe
 from ftplan.core.errors import FtplanError
+from ftplan.core.hardware import CPU
 from ftplan.core.settings import Setting
 from ftplan.models.eta import format_duration
 from ftplan.planner.dataset_plan import ALLOC_CONF_DOC, DatasetPlan
@@ -174,17 +175,21 @@ CLUSTER_REHEARSE_LINES = ("", "Before the full run: `ftplan rehearse` runs one G
                           "of memory.")
 
 
-def _rehearse_lines(setting: Setting) -> tuple[str, ...]:
+CPU_REHEARSE_LINES = ("", "Before the full run: this plan is for the CPU (rehearse verifies GPU plans), so run train.py for",
+                      "a few steps first (max_steps=20 in TrainingArguments) on the longest samples.")
+
+
+def _rehearse_lines(setting: Setting, gpu: str) -> tuple[str, ...]:
     if setting.world_size > 1:
         return tuple(line.format(gpus=setting.world_size) for line in CLUSTER_REHEARSE_LINES)
-    return REHEARSE_LINES
+    return CPU_REHEARSE_LINES if gpu == CPU else REHEARSE_LINES
 
 
 def readme(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch, plan_warnings: Sequence[str] = ()) -> str:
     """How to use the files, and the collator, Liger and LoRA lines the Trainer arguments cannot carry."""
     setting = setup.setting
     lines = [*_recipe_lines(setup, request, batch), *_batch_shape_lines(setting, batch), *_run_lines(setting, batch),
-             *_allocator_lines(batch), *_liger_lines(setting), *_rehearse_lines(setting)]
+             *_allocator_lines(batch), *_liger_lines(setting), *_rehearse_lines(setting, request.gpu.name)]
     if plan_warnings:  # the folder travels without the terminal that showed them
         lines += ["", "WARNINGS from the plan:", *(f"  - {w}" for w in plan_warnings)]
     return "\n".join(lines) + "\n"

@@ -185,7 +185,9 @@ def _data_collator_lines(batch: PlannedBatch) -> list[str]:
     collator, why = collator_code(batch)
     pad_token = [] if batch.strategy == "pack" else [
         "    if tokenizer.pad_token is None:  # Llama 3's and others' tokenizers have none; padding needs one, and the",
-        "        tokenizer.pad_token = tokenizer.eos_token  # padded positions are masked and labelled -100 anyway"]
+        "        tokenizer.pad_token = tokenizer.eos_token  # padded positions are masked and labelled -100 anyway",
+        "    if tokenizer.pad_token is None:  # else the first batch fails inside the Trainer, after the model loads",
+        "        raise ValueError(\"the tokenizer has neither a pad nor an eos token: set tokenizer.pad_token first\")"]
     return ["def data_collator(tokenizer):",
             '    """The collator of the planned batching: the padded shape the planned memory rests on."""',
             *(f"    # {line}" for line in textwrap.wrap(f"{why}.", 100)),

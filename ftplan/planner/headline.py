@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Callable, Iterable
 
 from ftplan.core.architecture import ALL_LINEAR_TARGETS, cached_architecture
-from ftplan.core.hardware import GpuSpec
+from ftplan.core.hardware import CPU, GpuSpec
 from ftplan.core.settings import Setting
 from ftplan.core.versions import installed_versions
 from ftplan.models.eta import format_duration
@@ -46,10 +46,10 @@ def best_calibrated(plan: Plan, training: str | None = None) -> SetupPlan | None
     return None
 
 
-def calibrate_command(setting: Setting) -> str:
-    """The `ftplan calibrate` line that measures this setting's recipe on the card it runs on."""
+def calibrate_command(setting: Setting, on_cpu: bool = False) -> str:
+    """The `ftplan calibrate` line that measures this setting's recipe on the card it runs on (or this CPU)."""
     default = Setting(model=setting.model)
-    flags = [f"--model {setting.model}", f"--seq-len {setting.seq_len}"]
+    flags = [f"--model {setting.model}", f"--seq-len {setting.seq_len}"] + (["--device cpu"] if on_cpu else [])
     flags += [f"--zero-stage {setting.zero_stage}"] if setting.zero_stage else []
     flags += ["--offload on"] if setting.offload_optimizer else []
     flags += ["--liger on"] if setting.liger else []
@@ -109,10 +109,11 @@ def prior_winner_lines(plan: Plan, records: list[dict]) -> list[str]:
         lines.append(f"best calibrated alternative: {alternative.label}, batch {alternative.batch} per GPU, ETA "
                      f"{format_duration(alternative.eta.total_seconds)} ({alternative.best.source}{other_kind})"
                      + (f"; `--emit-setup '{alternative.label}'` emits it" if alternative is not rec else ""))
-    seconds = calibration_seconds(rec, [r for r in records if r.get("gpu_name")])
-    took = (f", about {_minutes(*seconds)} GPU-minutes ({len(DEFAULT_TRIAL_BATCHES) + 1}-"
+    on_cpu = plan.request.gpu.name == CPU  # a trial's start-up on a CPU is not a GPU's, nor the reverse
+    seconds = calibration_seconds(rec, [r for r in records if r.get("gpu_name") and (r.get("device") == CPU) == on_cpu])
+    took = (f", about {_minutes(*seconds)} {'CPU' if on_cpu else 'GPU'}-minutes ({len(DEFAULT_TRIAL_BATCHES) + 1}-"
             f"{len(DEFAULT_TRIAL_BATCHES) + MAX_VERIFY_TRIALS} trials)" if seconds else "")
-    lines.append(f"to measure it, run on the {plan.request.gpu.name}: `{calibrate_command(rec.setting)}`{took}"
+    lines.append(f"to measure it, run on the {plan.request.gpu.name}: `{calibrate_command(rec.setting, on_cpu)}`{took}"
                  + ("; packing is not calibrated yet, so this measures padded batches" if rec.setting.padding == "packed"
                     else ""))
     return lines

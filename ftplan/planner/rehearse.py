@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ftplan.calibration.launcher import cuda_problem, run_process
 from ftplan.core.errors import FtplanError
+from ftplan.core.hardware import CPU
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.planner.emit import PLAN_JSON, TRAINING_ARGS_PY, edited_run_files, rewrite_rehearsed
@@ -152,10 +153,13 @@ def rehearse_folder(directory: Path, steps: int, timeout: float, lower: bool, lo
     while a safe run left room), rewriting the folder before each; it ends at the largest split that ran safely,
     or at the last one tried (the search's answer). Each run's record goes to on_record as soon as it ended, so a
     kill loses none."""
+    numbers = read_plan(directory)
+    if numbers.get("gpu") == CPU:
+        raise FtplanError(f"{directory} is planned for this CPU, and rehearse verifies a GPU's plan on that GPU: "
+                          "run your train.py from the folder for a few steps instead")
     problem = cuda_problem()
     if problem:
-        raise FtplanError(f"rehearse needs the GPU the plan is for: {problem}")
-    numbers = read_plan(directory)
+        raise FtplanError(f"rehearse needs the {numbers.get('gpu', 'GPU')} the plan is for: {problem}")
     search = BatchSearch(numbers["usable_bytes"], lower, grow and can_grow(numbers))
     split: tuple[int, int] | None = (numbers["micro_batch"], numbers["accumulation"])
     while split is not None:

@@ -226,7 +226,7 @@ def runnable_here(settings: list[Setting], device: str) -> list[Setting]:
     if problem := extra_problem("ftplan calibrate"):
         raise FtplanError(problem)
     if device == "cuda" and (problem := launcher.cuda_problem()):
-        raise FtplanError(problem)
+        raise FtplanError(problem + ("; use --device cpu" if problem.startswith("no CUDA GPU") else ""))
     problems = {setting: launcher.setting_problem(setting, device) for setting in settings}
     runnable = [setting for setting, problem in problems.items() if problem is None]
     if not runnable:

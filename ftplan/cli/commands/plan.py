@@ -28,6 +28,7 @@ from ftplan.cli.render import (
     table_label,
 )
 from ftplan.core.errors import EXIT_DOES_NOT_FIT, DoesNotFit, FtplanError
+from ftplan.core.hardware import CPU
 from ftplan.core.settings import DEFAULT_SEQ_LEN, PRECISIONS
 from ftplan.models.batching import STRATEGIES
 from ftplan.models.scaling import DEFAULT_GPUS_PER_NODE
@@ -246,6 +247,8 @@ def _rehearse_hint(emit: Path, chosen) -> str:
     if chosen.setting.world_size > 1:
         return (f"`ftplan rehearse` runs one GPU; this plan uses {chosen.setting.world_size}: run the folder's launch "
                 "command (README.txt) for a few steps on the cluster before the full run")
+    if read_plan(emit).get("gpu") == CPU:
+        return "before the full run, run your train.py from the folder for a few steps on this CPU"
     minutes = rehearsal_seconds(read_plan(emit), DEFAULT_STEPS) / 60
     return (f"verify it on the GPU before the full run: `ftplan rehearse {emit}` runs this folder unchanged for "
             f"{DEFAULT_STEPS} steps on the heaviest batches (about {minutes:.1f} GPU-minutes a run; it lowers the "
