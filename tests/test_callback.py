@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from ftplan.calibration.trainer_setting import (
+    collator_padding,
     deepspeed_zero,
     liger_applied,
     run_architecture,
@@ -40,14 +41,14 @@ def tiny_model(layers: int | None = None):
     return LlamaForCausalLM(LlamaConfig(**config))
 
 
-def train(tmp_path: Path, callbacks: list, model=None, micro_batch: int = 2, steps: int = 6, **arguments):
+def train(tmp_path: Path, callbacks: list, model=None, micro_batch: int = 2, steps: int = 6, collator=None, **arguments):
     from transformers import Trainer, TrainingArguments
 
     args = TrainingArguments(**{"output_dir": str(tmp_path / "run"), "per_device_train_batch_size": micro_batch,
                                 "max_steps": steps, "use_cpu": True, "report_to": [], "save_strategy": "no",
                                 "logging_strategy": "no", "disable_tqdm": True, "optim": "adamw_torch", **arguments})
     trainer = Trainer(model=model if model is not None else tiny_model(), args=args, callbacks=callbacks,
-                      train_dataset=RandomTokens(micro_batch * steps, SEQ_LEN, 8192))
+                      train_dataset=RandomTokens(micro_batch * steps, SEQ_LEN, 8192), data_collator=collator)
     trainer.train()
     return trainer
 
@@ -280,3 +281,25 @@ def test_the_callback_predicts_through_the_plans_workspace_which_leaves_rehearsa
     assert prediction.micro_batch == 3
     assert [r["micro_batch"] for r in evidence.records if r.get("peak_allocated_bytes") in (2**34, 2**35)] == [3]
     assert [r["micro_batch"] for r in evidence.rehearsals] == [5]
+
+
+def test_the_run_records_the_padding_its_collator_gives_the_batches(tmp_path):
+    """The emitted padded recipe was recorded as padding none (no mask), so it never met its own calibration."""
+    from tokenizers import Tokenizer, models
+    from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerFast
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from ftplan.calibration.callback import FtplanCallback
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"<pad>": 0}, unk_token="<pad>")),
+                                        pad_token="<pad>")
+    assert collator_padding(DataCollatorForSeq2Seq(tokenizer, padding="longest", pad_to_multiple_of=8)) == \
+        {"padding": "longest", "pad_to_multiple_of": 8}
+    assert collator_padding(DataCollatorForSeq2Seq(tokenizer)) == {"padding": "longest", "pad_to_multiple_of": 0}
+    assert collator_padding(DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True))["padding"] == "packed"
+    assert collator_padding(None) == {"padding": "none", "pad_to_multiple_of": 0}
+    out = tmp_path / "calibrations.jsonl"
+    train(tmp_path, [FtplanCallback(out=out, warmup_steps=2)], steps=4,
+          collator=DataCollatorForSeq2Seq(tokenizer, padding="max_length", max_length=SEQ_LEN))
+    [record] = read_records([out])
+    assert (record["padding"], record["attention"]) == ("max_length", "sdpa")

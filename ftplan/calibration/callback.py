@@ -95,8 +95,8 @@ class FtplanCallback(TrainerCallback):
 
     # Trainer events ------------------------------------------------------------------------------
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self._guard(self._begin, args, state, model)
+    def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
+        self._guard(self._begin, args, state, model, getattr(train_dataloader, "collate_fn", None))
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._guard(self._step_begin)
@@ -130,11 +130,11 @@ class FtplanCallback(TrainerCallback):
 
     # Start ---------------------------------------------------------------------------------------
 
-    def _begin(self, args, state, model) -> None:
+    def _begin(self, args, state, model, collator=None) -> None:
         if self._run is not None and not self._finished:  # the last train() raised and the user's code caught it
             self._finish("train() was called again after this run raised")  # records it and restores the handlers
         self._finished, self.record, self.step_seconds, self._steps_done = False, None, [], 0
-        self._run = _Run(args, state, model, self.seq_len, config_dir=self.out.parent,
+        self._run = _Run(args, state, model, self.seq_len, collator, config_dir=self.out.parent,
                          machine_id=measure.machine_id(pinned_machine_id(self.out)))
         self._run.on_first_forward = lambda: self._guard(self._announce)  # runs inside forward: must never raise
         if self.seq_len is not None:
@@ -250,7 +250,7 @@ class FtplanCallback(TrainerCallback):
 class _Run:
     """What the callback reads from the Trainer run: setting, device, ranks, and the sequence length seen."""
 
-    def __init__(self, args, state, model, seq_len: int | None, config_dir: Path, machine_id: str) -> None:
+    def __init__(self, args, state, model, seq_len: int | None, collator, config_dir: Path, machine_id: str) -> None:
         self.key = _run_key(str(args.output_dir), next(_TRAIN_CALLS))
         self.started = time.time()
         self.machine_id = machine_id
@@ -268,7 +268,7 @@ class _Run:
         self.params_trainable = sum(getattr(p, "ds_numel", p.numel()) for p in trainable)
         # Setting has no field for it: pure-bf16 weights need less memory than the trials' fp32 ones
         self.trainable_dtype = str(trainable[0].dtype).removeprefix("torch.") if trainable else None
-        self._fields = setting_fields(args, model, self.arch)
+        self._fields = setting_fields(args, model, self.arch, collator)
         self.seq_len_given = seq_len  # only until a batch is seen: the record holds the shapes that ran
         self.seq_len_max: int | None = None
         self.seq_len_min: int | None = None

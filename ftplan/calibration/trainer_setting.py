@@ -22,8 +22,9 @@ from ftplan.core.architecture import (
 from ftplan.core.paths import file_name_part
 
 
-def setting_fields(args, model, arch: Architecture) -> dict:
-    """Setting fields (all but the sequence length) as this run uses them."""
+def setting_fields(args, model, arch: Architecture, collator=None) -> dict:
+    """Setting fields (all but the sequence length) as this run uses them; collator: the Trainer's data collator,
+    whose padding decides the attention mask the batches carry."""
     zero_stage, offload = deepspeed_zero(args)
     lora_rank, lora_targets = lora_setting(model, arch)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", args.world_size))
@@ -40,7 +41,24 @@ def setting_fields(args, model, arch: Architecture) -> dict:
         "gpus": local,
         "nodes": max(1, int(args.world_size) // local),
         "alloc_conf": measure.alloc_conf(),
+        "attention": getattr(model.config, "_attn_implementation", None) or "sdpa",
+        **collator_padding(collator),
     }
+
+
+def collator_padding(collator) -> dict:
+    """The recipe's padding fields (core/recipe.py) read from the collator: DataCollatorForSeq2Seq (or WithPadding)
+    padding to max_length or to the longest, TRL's padding-free rows packed; anything else (default_data_collator,
+    a user's function) is taken as rows of one length, no padding mask. The run was recorded as unpadded and met
+    no calibration of the emitted padded recipe."""
+    collator = getattr(collator, "data_collator", collator)  # the Trainer's RemoveColumnsCollator wraps the user's
+    if getattr(collator, "padding_free", False):
+        return {"padding": "packed", "pad_to_multiple_of": 0}
+    padding = getattr(collator, "padding", False)
+    padding = getattr(padding, "value", padding)  # transformers' PaddingStrategy
+    name = "max_length" if padding == "max_length" else "longest" if padding in (True, "longest") else "none"
+    multiple = int(getattr(collator, "pad_to_multiple_of", None) or 0) if name != "none" else 0
+    return {"padding": name, "pad_to_multiple_of": multiple}
 
 
 def _precision(args, model) -> str:
