@@ -174,3 +174,23 @@ def test_an_optimizer_variant_at_a_measured_batch_is_interpolated_with_a_bound_t
     assert saving >= 0
     assert fused.peak_allocated.upper == pytest.approx(calibrated.peak_allocated.upper)
     assert predictor.predict(CALIBRATED.with_(optimizer="adamw_torch_fused"), 64, H200).source == SOURCE_EXTRAPOLATED
+
+
+def test_a_cpu_fit_is_carried_to_a_nearby_length_not_dropped_for_the_nominal_prior():
+    """A CPU's memory is the process's RSS, the runtime included, so a tiny model's fit is always 'over 2x off the
+    prior': at 255 tokens (a dataset's mean padded length) the plan fell back to the prior's nominal CPU time,
+    0.33 s a step where the 256-token calibration measured 1.84."""
+    from tests.helpers import synthetic_records
+
+    from ftplan.core.hardware import load_catalog
+    from ftplan.models.fitset import fit_records
+
+    setting = Setting("tiny-llama", seq_len=256, precision="fp32", padding="max_length")
+    records = [dict(r, device="cpu", gpu_name="cpu") for r in synthetic_records(
+        [1, 2, 4], seq_lens=(256,), setting=setting, memory=lambda b, s: (0.6 + 0.04 * b) * 2**30,
+        seconds=lambda b, s: 1.5 + 0.2 * b)]
+    catalog = load_catalog()
+    predictor = Predictor(records, fit_records(records), {}, catalog)
+    at_256, at_255 = (predictor.predict(setting.with_(seq_len=seq), 2, catalog["cpu"]) for seq in (256, 255))
+    assert at_255.source != "prior" and at_255.seconds_per_step.mean == pytest.approx(at_256.seconds_per_step.mean, rel=0.02)
+    assert at_255.peak_allocated.mean == pytest.approx(at_256.peak_allocated.mean, rel=0.02)
