@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from ftplan.cli.main import main
+from tests.helpers import run_ftplan
 
 CONTRACT_KEYS = {"peak_allocated_gib", "peak_reserved_gib", "seconds_per_step"}
 
@@ -51,3 +53,11 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(capsys, args, message):
     assert code != 0
     assert message in err
     assert "Traceback" not in err
+
+
+def test_piped_predict_prose_is_not_wrapped_at_80_columns(capsys, monkeypatch):
+    """The README promises piped output unwrapped prose; predict's memory line broke at 80 columns."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    code, out, _ = run_ftplan(["predict", "--model", "llama-3-8b", "--lora-rank", 16, "--batch-size", 4, "--gpu",
+                               "H200"], capsys, monkeypatch)
+    assert code == 0 and re.search(r"^memory: .*peak reserved [\d.]+ GiB \(upper [\d.]+\) vs usable", out, re.M), out

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from ftplan.cli.commands.input_options import budget_options, calibrations_option, link_options
 from ftplan.cli.commands.options import setting_from_options, setting_options, step_time_cv_option
-from ftplan.cli.render import memory_verdict
+from ftplan.cli.render import make_console, memory_verdict
 from ftplan.core.architecture import load_architecture
 from ftplan.core.hardware import GpuSpec
 from ftplan.core.units import GIB
@@ -56,7 +56,7 @@ def command(batch_size: int, gpu_name: str, gpu_specs: Path | None, intra_node_b
                                "layout": {"gpus": setting.world_size, "gpus_per_node": setting.gpus,
                                           "nodes": setting.nodes, "description": layout}}, indent=2))
     else:
-        console = Console()
+        console = make_console()
         console.print(f"layout: {layout}")
         if setting.world_size > 1:
             console.print(workspace.links_text)
