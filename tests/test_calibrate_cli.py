@@ -191,3 +191,16 @@ def test_default_cuda_calibration_runs_three_small_batches_then_verifies_the_pla
     assert verified[0][0] > 4  # the planned batch, far beyond the three points
     if verified[0][1] == "oom":  # then bisect towards the largest that ran
         assert verified[1][0] == (4 + verified[0][0]) // 2
+
+
+def test_a_ladder_whose_step_time_falls_is_warned_about_when_measured(fake_trial, tmp_path):
+    """A busy host's ladder (2.7, 1.5, 1.3 s at batches 1, 2, 4) was accepted silently; only a later plan warned,
+    and nothing said how to measure again (a re-run resumes, so it runs nothing)."""
+    fake_trial(busy_host=True)
+    result = calibrate(tmp_path / "c.jsonl", "--batch-sizes", "1,2,4", "--no-verify")
+    assert result.exit_code == 0, result.output
+    assert "tiny-llama ddp full s64 fp32 padded: step time fell as the batch grew (batch 1: 1 s, batch 2: 0.5 s" \
+        in result.output and f"delete these records from {tmp_path / 'c.jsonl'}" in result.output
+    fake_trial()
+    quiet = calibrate(tmp_path / "d.jsonl", "--batch-sizes", "1,2,4", "--no-verify")
+    assert quiet.exit_code == 0 and "step time fell" not in quiet.output

@@ -332,8 +332,8 @@ def fit_setting(records: list[dict], compute_rate: ComputeRate | None = None) ->
     slopes = _compute_slopes(time, first, compute_rate) if compute_rate else None
     if slopes:
         time = with_line_below_points(time, slopes, *_columns(timed, "seconds_per_step"))
-    elif _time_falls_with_batch(timed):
-        warnings.warn(f"{label}: step time fell as the batch grew ({_time_ladder(timed)}), so the measurements are "
+    elif time_falls_with_batch(timed):
+        warnings.warn(f"{label}: step time fell as the batch grew ({time_ladder(timed)}), so the measurements are "
                       "noise-bound (a busy host?); beyond them time grows at the best measured seconds per sample",
                       NoisyLadderWarning, stacklevel=2)
         time = with_line_below_points(time, _per_sample_floor(time, timed), *_columns(timed, "seconds_per_step"))
@@ -416,7 +416,7 @@ class NoisyLadderWarning(Warning):
 NOISY_LADDER_DROP = 0.9
 
 
-def _time_falls_with_batch(timed: list[dict]) -> bool:
+def time_falls_with_batch(timed: list[dict]) -> bool:
     """Whether some length's largest batch ran clearly faster a step than its smallest: no real run does, so the
     ladder is noise (a loaded CPU host ran batch 4 in 3.2 s and batch 1 in 4.2), and its flat fit would price
     a batch of 432 at batch 1's step time."""
@@ -427,7 +427,7 @@ def _time_falls_with_batch(timed: list[dict]) -> bool:
     return any(ladder[-1]["seconds_per_step"] < NOISY_LADDER_DROP * ladder[0]["seconds_per_step"] for ladder in ladders)
 
 
-def _time_ladder(timed: list[dict]) -> str:
+def time_ladder(timed: list[dict]) -> str:
     return ", ".join(f"batch {r['micro_batch']}: {r['seconds_per_step']:.3g} s"
                      for r in sorted(timed, key=lambda r: (r["seq_len"], r["micro_batch"])))
 

@@ -160,6 +160,23 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
     with _sigterm_as_interrupt(), RichProgress(console) as progress:
         records = calibrate(settings, plan, progress)
     console.print(f"{len(records)} new record(s) in {plan.out}")
+    for line in noisy_ladders(records, plan.out):
+        click.echo(f"warning: {line}", err=True)
+
+
+def noisy_ladders(records: list[dict], out: Path) -> list[str]:
+    """The settings whose new ladder ran faster a step at its largest batch than at its smallest: a busy host's
+    noise, said now, while the GPU (or CPU) is still at hand, rather than first by a later plan."""
+    from ftplan.models.fit import time_falls_with_batch, time_ladder
+
+    ladders: dict[str, list[dict]] = {}
+    for record in records:
+        if record["status"] == "ok" and record.get("seconds_per_step"):
+            ladders.setdefault(record["setting_key"], []).append(record)
+    return [f"{ladder[0]['model']} {Setting.from_dict(ladder[0]).label()}: step time fell as the batch grew "
+            f"({time_ladder(ladder)}), so the host was busy or the steps too few; to measure again, delete these "
+            f"records from {out} and run the same command (it resumes what is missing)"
+            for ladder in ladders.values() if time_falls_with_batch(ladder)]
 
 
 def _calibration_plan(ctx: click.Context, out: Path | None, device: str, machine: str | None,
