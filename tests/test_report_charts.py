@@ -43,3 +43,15 @@ def test_every_efficiency_above_100_percent_on_the_scaling_chart_is_explained():
     assert "larger batch or a setup without CPU offload" in notes[0]
     assert notes[1].endswith("CPU offload is no longer needed at 2 GPUs")
     assert not above_ideal_notes({"full": table.assign(efficiency=[1.0, 1.001, math.nan])})
+
+
+def test_a_completion_line_of_unpadded_rows_says_so():
+    """'fastest calibrated: ddp liger lora16, batch 10' read as plan's answer, which pads (batch 9)."""
+    from dataclasses import replace
+
+    from ftplan.cli.plots import _completion_label
+
+    unpadded = _curves("llama-3-8b", 2048)  # Setting's default padding: rows of exactly seq_len
+    padded = replace(unpadded, setting=unpadded.setting.with_(padding="max_length"),
+                     label=unpadded.setting.with_(padding="max_length").label())
+    assert (_completion_label(unpadded, 2048), _completion_label(padded, 2048)) == ("ddp full unpadded", "ddp full padded")

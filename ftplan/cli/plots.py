@@ -180,6 +180,12 @@ def plot_seconds(curves: list[Curves], path: Path) -> Path:
                                     "ftplan's prediction", legend)
 
 
+def _completion_label(c: Curves, seq_len: int) -> str:
+    """The setup without the panel's length; rows of exactly that length say so (plan's recipe pads, with a mask,
+    and a 'fastest' without the word read as plan's batch, one larger than plan gave)."""
+    return c.label.replace(f" s{seq_len}", "") + (" unpadded" if c.setting.padding == "none" else "")
+
+
 def plot_completion(curves: list[Curves], dataset_size: int, epochs: float, path: Path) -> Path:
     """Hours to finish against batch, one panel per model, sequence length and card (only those runs are
     comparable), one line per setup up to its largest safe batch, and a line at the panel's fastest. Not `plan`'s
@@ -192,10 +198,10 @@ def plot_completion(curves: list[Curves], dataset_size: int, epochs: float, path
             largest = min(c.safe_batch, largest_micro_batch(dataset_size, c.setting.world_size))
             safe = [b for b in c.batches if b <= largest]
             hours = [estimate_eta(c.seconds[b - 1][0], dataset_size, epochs, b, c.setting.world_size).hours for b in safe]
-            line, = axis.plot(safe, hours, marker=".", label=c.label.replace(f" s{seq_len}", ""))
+            line, = axis.plot(safe, hours, marker=".", label=_completion_label(c, seq_len))
             axis.scatter([safe[-1]], [hours[-1]], color=line.get_color(), s=60, zorder=3)
             if best is None or hours[-1] < best[0]:
-                best = (hours[-1], c.label.replace(f" s{seq_len}", ""), safe[-1])
+                best = (hours[-1], _completion_label(c, seq_len), safe[-1])
         axis.axhline(best[0], color="black", ls="--",
                      label=f"fastest calibrated: {best[1]}, batch {best[2]}, {best[0]:.2f} h")
         axis.set_title(f"{model}, {seq_len} tokens a sample, on {gpu}", fontsize=11)
