@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from ftplan.core.hardware import GpuSpec, aliases_of
+from ftplan.core.hardware import CPU, GpuSpec, aliases_of
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.communication.layout import describe_layout
@@ -340,7 +340,8 @@ def gpu_table(catalog: dict[str, GpuSpec]) -> Table:
         wraps = name in ("aliases", "interconnect")
         table.add_column(name, no_wrap=not wraps, justify="left" if wraps or name == "name" else "right")
     for spec in catalog.values():
-        table.add_row(spec.name, " ".join(aliases_of(spec.name)), f"{spec.memory_gib:.4g}",
+        datasheet = "-" if spec.name == CPU else f"{spec.memory_gib:.4g}"  # the host's RAM, in GiB, has none
+        table.add_row(spec.name, " ".join(aliases_of(spec.name)), datasheet,
                       f"{spec.memory_bytes / GIB:.2f}", f"{spec.bf16_dense_tflops:g}", f"{spec.memory_bandwidth_gbs:g}",
                       f"{spec.intra_node_gbs:g}" if spec.intra_node_gbs else "-", spec.interconnect.split("(")[0].strip() or "-")
     return table
