@@ -194,3 +194,21 @@ def test_a_cpu_fit_is_carried_to_a_nearby_length_not_dropped_for_the_nominal_pri
     at_256, at_255 = (predictor.predict(setting.with_(seq_len=seq), 2, catalog["cpu"]) for seq in (256, 255))
     assert at_255.source != "prior" and at_255.seconds_per_step.mean == pytest.approx(at_256.seconds_per_step.mean, rel=0.02)
     assert at_255.peak_allocated.mean == pytest.approx(at_256.peak_allocated.mean, rel=0.02)
+
+
+def test_beyond_a_calibrated_batch_the_bounds_never_fall_so_eta_agrees_with_plan():
+    """Llama-3.2-1B with checkpointing on the H200: reserved bounds 133.95, 137.24, 135.56 GiB at batches 31-33,
+    so eta called 33 safe where 32 was not and plan stopped at 31. Llama-3.2-3B + Liger's reserved fell 61.4 ->
+    60.3 GiB between batches 1 and 8."""
+    from ftplan.core.paths import calibrations_dir
+    from ftplan.store.records import read_records
+
+    predictor = Predictor.fit(read_records([calibrations_dir()]))
+    for setting in (Setting("llama-3.2-1b", gradient_checkpointing=True, padding="max_length"),
+                    Setting("llama-3.2-3b", liger=True, gradient_checkpointing=True, padding="max_length"),
+                    Setting("llama-3.2-3b", liger=True, gradient_checkpointing=True)):
+        predictions = [predictor.predict(setting, b, H200) for b in range(1, 41)]
+        for field in ("peak_allocated", "peak_reserved"):
+            for kind in ("mean", "upper"):
+                values = [getattr(getattr(p, field), kind) for p in predictions]
+                assert values == sorted(values), (setting.label(), field, kind)
