@@ -75,3 +75,14 @@ def test_the_cli_prints_one_line_for_a_non_utf8_config(tmp_path, capsys, monkeyp
     code, _out, err = run_ftplan(["calibrate", "--model", path, "--device", "cpu", "--out", tmp_path / "c.jsonl"],
                                  capsys, monkeypatch)
     assert code == 2 and err.count("\n") == 1 and err.startswith("error: cannot read model config"), err
+
+
+@pytest.mark.parametrize("model_type", ["falcon", "dbrx"])
+def test_a_model_class_that_refuses_the_config_its_own_way_is_one_line(tmp_path, capsys, monkeypatch, model_type):
+    """Falcon's config raised AttributeError and DBRX's a huggingface_hub validation error: tracebacks, exit 1."""
+    pytest.importorskip("transformers")
+    config = load_architecture("llama-3.2-1b").config
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({k: v for k, v in config.items() if not k.startswith("_")} | {"model_type": model_type}))
+    code, _, err = run_ftplan(["predict", "--model", path, "--batch-size", 4, "--gpu", "H100"], capsys, monkeypatch)
+    assert code == 2 and f"error: transformers cannot build a causal LM of model_type '{model_type}'" in err
