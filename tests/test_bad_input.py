@@ -133,3 +133,17 @@ def test_dataset_batching_options_without_a_dataset_are_refused_not_ignored(caps
     code, _, err = run_ftplan(["plan", "--model", "llama-3-8b", "--gpu", "H200", "--dataset-size", "100",
                                "--global-batch", "64"], capsys, monkeypatch)
     _assert_one_line_error(code, err, "--global-batch needs --dataset")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["eta", "--model", "llama-3.2-1b", "--gpu", "X1", "--gpu-specs", "SPECS", "--batch-size", 1, "--dataset-size", 1000],
+     "bf16_dense_tflops must hold positive numbers, at least 0.001"),
+    (["plan", "--model", "llama-3.2-1b", "--gpu", "H100", "--dataset-size", 1000, "--price-per-hour", "1e308", "--json"],
+     "price per hour 1e+308 is above 1e+06 a GPU-hour"),
+])
+def test_numbers_that_overflow_to_infinity_are_refused(tmp_path, capsys, monkeypatch, args, message):
+    """1e-300 TFLOP/s ended in an OverflowError traceback; a price of 1e308 printed costs of Infinity (invalid JSON)."""
+    specs = tmp_path / "specs.csv"
+    specs.write_text("name,memory_gib,bf16_dense_tflops,memory_bandwidth_gbs\nX1,80,1e-300,3350\n")
+    code, out, err = run_ftplan([str(specs) if a == "SPECS" else a for a in args], capsys, monkeypatch)
+    assert code == 2 and message in err and "Infinity" not in out, err

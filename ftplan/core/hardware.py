@@ -22,6 +22,7 @@ from ftplan.core.paths import data_dir
 from ftplan.core.units import GIB
 
 MAX_SPEC_VALUE = 1e7  # GiB, TFLOP/s or GB/s: ten thousand times today's largest cards; beyond, arithmetic overflows
+MIN_SPEC_VALUE = 1e-3  # below, step times overflow to Infinity (1e-300 TFLOP/s ended in an OverflowError)
 COLUMNS = ("name", "memory_gib", "bf16_dense_tflops", "memory_bandwidth_gbs")
 OPTIONAL_NUMBER_COLUMNS = ("intra_node_gbs", "torch_total_gib")
 TEXT_COLUMNS = ("name", "aliases", "interconnect", "source", "torch_total_source", "compute_capability",
@@ -166,8 +167,8 @@ def _spec_number(path: Path, column: str, text: str) -> int | float | None:
         value = int(text) if text.strip().lstrip("+-").isdigit() else float(text)
     except ValueError:
         value = math.nan
-    if not value > 0:
-        raise FtplanError(f"GPU specs {path}: column {column} must hold positive numbers")
+    if not value >= MIN_SPEC_VALUE:
+        raise FtplanError(f"GPU specs {path}: column {column} must hold positive numbers, at least {MIN_SPEC_VALUE:g}")
     if value > MAX_SPEC_VALUE:
         raise FtplanError(f"GPU specs {path}: column {column} holds a value above {MAX_SPEC_VALUE:.0e}, "
                           "more than any card has")

@@ -53,6 +53,20 @@ def check_samples(dataset_size: int, epochs: float) -> None:
         raise FtplanError(f"dataset size {shown} is more than {MAX_SAMPLES:.0e} samples; check --dataset-size")
 
 
+MAX_PRICE_PER_GPU_HOUR = 1e6  # a thousand times any cloud's; 1e308 printed costs of Infinity, invalid JSON
+
+
+def check_price(price_per_gpu_hour: float | None) -> None:
+    """A price per GPU-hour a cost can be computed from: positive, and short of overflowing into Infinity."""
+    if price_per_gpu_hour is None:
+        return
+    if not price_per_gpu_hour > 0:
+        raise FtplanError(f"price per hour must be positive, got {price_per_gpu_hour}")
+    if price_per_gpu_hour > MAX_PRICE_PER_GPU_HOUR:
+        raise FtplanError(f"price per hour {price_per_gpu_hour:g} is above {MAX_PRICE_PER_GPU_HOUR:.0e} a GPU-hour; "
+                          "check --price-per-hour")
+
+
 def steps_to_finish(dataset_size: int, epochs: float, micro_batch: int, world_size: int,
                     accumulation: int = 1) -> int:
     """Optimizer steps for `epochs` passes, counted as Trainer counts them: each GPU's sampler hands it

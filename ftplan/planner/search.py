@@ -17,7 +17,7 @@ from ftplan.core.errors import DoesNotFit, FtplanError
 from ftplan.core.hardware import CPU, GpuSpec
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
-from ftplan.models.eta import Eta, estimate_eta, largest_micro_batch
+from ftplan.models.eta import Eta, check_price, estimate_eta, largest_micro_batch
 from ftplan.models.fit import MAX_BATCH, SAFETY_MARGIN, TIME_FLOOR
 from ftplan.models.host_memory import host_bytes_per_node, usable_host_bytes
 from ftplan.models.prediction import (
@@ -165,9 +165,9 @@ class PlanRequest:
             raise FtplanError(f"--by must be one of {', '.join(RANK_BY)}, got '{self.by}'")
         if self.by == "cost" and self.price_per_gpu_hour is None:
             raise FtplanError("ranking by cost needs --price-per-hour")
-        for name, value in (("price per hour", self.price_per_gpu_hour), ("max hours", self.max_hours)):
-            if value is not None and value <= 0:
-                raise FtplanError(f"{name} must be positive, got {value}")
+        check_price(self.price_per_gpu_hour)
+        if self.max_hours is not None and self.max_hours <= 0:
+            raise FtplanError(f"max hours must be positive, got {self.max_hours}")
 
     @property
     def usable_host_bytes(self) -> int | None:

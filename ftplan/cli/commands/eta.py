@@ -22,7 +22,7 @@ from ftplan.core.errors import EXIT_DOES_NOT_FIT, FtplanError
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.communication.layout import describe_layout
-from ftplan.models.eta import estimate_eta
+from ftplan.models.eta import check_price, estimate_eta
 from ftplan.models.host_memory import host_bytes_per_node, usable_host_bytes
 from ftplan.planner.as_data import eta_to_dict, prediction_to_dict
 from ftplan.planner.search import fits_budget
@@ -80,8 +80,7 @@ def _check_positive(batch_size: int, price_per_hour: float | None) -> None:
     """click's types let zero and negative figures through, and an ETA from them would be nonsense, not an error."""
     if batch_size <= 0:
         raise FtplanError(f"batch size must be positive, got {batch_size}")
-    if price_per_hour is not None and price_per_hour <= 0:
-        raise FtplanError(f"price per hour must be positive, got {price_per_hour}")
+    check_price(price_per_hour)
 
 
 def _echo_eta(setting: Setting, gpu_name: str, batch_size: int, dataset_size: int, epochs: float, links_text: str,
