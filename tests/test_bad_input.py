@@ -147,3 +147,10 @@ def test_numbers_that_overflow_to_infinity_are_refused(tmp_path, capsys, monkeyp
     specs.write_text("name,memory_gib,bf16_dense_tflops,memory_bandwidth_gbs\nX1,80,1e-300,3350\n")
     code, out, err = run_ftplan([str(specs) if a == "SPECS" else a for a in args], capsys, monkeypatch)
     assert code == 2 and message in err and "Infinity" not in out, err
+
+
+@pytest.mark.parametrize("flag, value", [("--batch-sizes", "1,99999999999999999999"), ("--max-batch", "99999999999")])
+def test_calibrate_refuses_a_batch_no_card_holds_before_any_trial(capsys, monkeypatch, flag, value):
+    """10^20 started a trial that built its row list for the whole --timeout (RSS growing by the GB)."""
+    code, _, err = run_ftplan(["calibrate", "--device", "cpu", "--model", "tiny-llama", flag, value], capsys, monkeypatch)
+    assert code == 2 and "1048576" in err.replace(",", "") and err.count("\n") == 1, err

@@ -64,6 +64,9 @@ def _switch(value: str) -> tuple[bool, ...]:
     return {"on": (True,), "off": (False,), "both": (False, True)}[value]
 
 
+# A micro-batch no card holds (a million rows); 10^20 built its row list for the whole --timeout.
+MAX_TRIAL_BATCH = 2**20
+
 @click.command("calibrate")
 @click.option("--model", "models", multiple=True, required=True,
               help="Architecture id (see `ftplan models`) or a path to a config.json; repeatable.")
@@ -97,9 +100,9 @@ def _switch(value: str) -> tuple[bool, ...]:
 @click.option("--optimizer", type=click.Choice(sorted(OPTIMIZER_STATE_BYTES)), default="adamw_torch", show_default=True,
               help="Trainer `optim`, e.g. paged_adamw_8bit (bitsandbytes) for QLoRA.")
 @click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs (ranks) per trial.")
-@click.option("--batch-sizes", callback=positive_int_list("batch sizes"), default=None,
+@click.option("--batch-sizes", callback=positive_int_list("batch sizes", MAX_TRIAL_BATCH), default=None,
               help="Comma-separated micro-batches to run.  [default on cuda: 1,2,4 then --verify]")
-@click.option("--max-batch", type=click.IntRange(min=1), default=None,
+@click.option("--max-batch", type=click.IntRange(min=1, max=MAX_TRIAL_BATCH), default=None,
               help="Run the full ladder instead: double until OOM (or this batch), then bisect to the exact "
                    "largest batch.  [default on cpu: 4]")
 @click.option("--verify/--no-verify", default=None,

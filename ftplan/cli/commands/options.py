@@ -13,8 +13,9 @@ from ftplan.core.settings import ATTENTIONS, DEFAULT_SEQ_LEN, PADDINGS, PRECISIO
 from ftplan.models.scaling import DEFAULT_GPUS_PER_NODE, fixed_layout, node_layout
 
 
-def positive_int_list(what: str):
-    """A click callback turning '1,2,4' into positive ints (None stays None); `what` names them in errors."""
+def positive_int_list(what: str, maximum: int | None = None):
+    """A click callback turning '1,2,4' into positive ints of at most `maximum` (None stays None); `what` names
+    them in errors."""
     def parse(_ctx, _param, value: str | None) -> tuple[int, ...] | None:
         if value is None:
             return None
@@ -24,6 +25,8 @@ def positive_int_list(what: str):
             raise click.BadParameter(f"expected comma-separated integers, got '{value}'") from None
         if any(n <= 0 for n in numbers):
             raise click.BadParameter(f"{what} must be positive, got '{value}'")
+        if maximum is not None and max(numbers) > maximum:
+            raise click.BadParameter(f"{what} must be at most {maximum:,}, got {max(numbers):,}")
         return numbers
     return parse
 
