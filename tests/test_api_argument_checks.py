@@ -40,6 +40,7 @@ def test_plan_refuses_mistyped_arguments(kwargs, message):
     (4, {"seq_len": "x"}, "seq_len must be a whole number"),
     (4, {"seqlen": 512}, "unknown setting field"),
     (4, {"lora_rank": 16, "lora_targets": "q_proj"}, "lora_targets must be a list of module names, got 'q_proj'"),
+    (4, {"lora_rank": 8, "lora_targets": []}, r"lora_targets must be a list of module names, got \[\]"),
 ])
 def test_predict_refuses_a_fractional_batch_and_mistyped_settings(batch, setting, message):
     with pytest.raises(FtplanError, match=message):
@@ -71,3 +72,12 @@ def test_one_calibration_path_may_come_alone(tmp_path):
     path = tmp_path / "mine.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in synthetic_records([1, 2, 4])))
     assert ftplan.predict("llama-3-8b", 2, "H200", calibrations=str(path)).micro_batch == 2
+
+
+@pytest.mark.parametrize("chars", [float("nan"), float("inf"), 0])
+def test_a_character_count_that_is_not_a_positive_number_is_refused(tmp_path, chars):
+    """NaN was a bare ValueError, inf read every sample as empty, and 0 fell back to 4 without a word."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "hello world"}\n')
+    with pytest.raises(FtplanError, match="characters per token must be a positive number"):
+        ftplan.plan("llama-3.2-1b", gpu="H100", dataset=str(data), chars_per_token=chars)

@@ -284,8 +284,9 @@ def predict(model: str, batch_size: int, gpu: str = "H200", *, calibrations: Seq
     _check_optional_names(gpu_specs=gpu_specs)
     calibrations = _paths(calibrations)
     _check_integers(batch_size=batch_size)
-    if isinstance(setting.get("lora_targets"), str):  # a string is a sequence of letters, not of module names
-        raise FtplanError(f"lora_targets must be a list of module names, got {setting['lora_targets']!r}")
+    targets = setting.get("lora_targets")
+    if isinstance(targets, str) or (targets is not None and not targets):  # a string is letters; [] adapts nothing
+        raise FtplanError(f"lora_targets must be a list of module names, got {targets!r}")
     unknown = sorted(set(setting) - {f.name for f in fields(Setting)})
     if unknown:
         raise FtplanError(f"unknown setting field(s) {', '.join(unknown)}; the fields are those of "

@@ -137,8 +137,8 @@ def _count_lengths(path: Path, text_field: str | None, ids_field: str | None, to
         lengths = _tokenize(texts, Path(tokenizer))
         return DatasetLengths(_nonempty(lengths, path), path, " + ".join(fields),
                               f"tokenizer {tokenizer}, of {used}", False)
-    if chars_per_token <= 0:
-        raise FtplanError(f"characters per token must be positive, got {chars_per_token}")
+    if not (math.isfinite(chars_per_token) and chars_per_token > 0):  # NaN: a ValueError; inf: every sample empty
+        raise FtplanError(f"characters per token must be a positive number, got {chars_per_token}")
     lengths = np.asarray([math.ceil(len(t) / chars_per_token) for t in texts], dtype=np.int64)
     return DatasetLengths(_nonempty(lengths, path), path, " + ".join(fields),
                           f"ESTIMATE at {chars_per_token:g} characters per token (no --tokenizer given), of {used}",

@@ -205,7 +205,7 @@ def dataset_seq_len(dataset: Path, text_field: str | None, ids_field: str | None
     if len(seq_lens) > 1:
         raise click.UsageError("with --dataset, calibration runs at its longest sample; give at most one --seq-len, "
                                "the longest a sample may be")
-    read = load_lengths(dataset, text_field, ids_field, tokenizer, chars_per_token or CHARS_PER_TOKEN)
+    read = load_lengths(dataset, text_field, ids_field, tokenizer, CHARS_PER_TOKEN if chars_per_token is None else chars_per_token)
     length, lines = calibration_length(read, seq_lens[0] if seq_lens else None, too_long)
     for line in lines:
         console.print(line)
