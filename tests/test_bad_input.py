@@ -154,3 +154,16 @@ def test_calibrate_refuses_a_batch_no_card_holds_before_any_trial(capsys, monkey
     """10^20 started a trial that built its row list for the whole --timeout (RSS growing by the GB)."""
     code, _, err = run_ftplan(["calibrate", "--device", "cpu", "--model", "tiny-llama", flag, value], capsys, monkeypatch)
     assert code == 2 and "1048576" in err.replace(",", "") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--dataset-size", 1000], "--dataset-size is the sample count without --dataset"),
+    (["--pack-length", 128], "--pack-length sets packed rows: it needs --batching pack"),
+])
+def test_plan_refuses_a_dataset_flag_it_would_ignore(tmp_path, capsys, monkeypatch, extra, message):
+    """Both were dropped without a word: the file's rows were planned, and the dynamic padding unpacked."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "hello world"}\n')
+    code, _, err = run_ftplan(["plan", "--model", "llama-3.2-1b", "--gpu", "H100", "--dataset", data, *extra],
+                              capsys, monkeypatch)
+    assert code == 2 and message in err, err

@@ -174,6 +174,10 @@ def _dataset_options(ctx: click.Context) -> DatasetOptions:
     if params["dataset"] is None and params["dataset_size"] is None:
         raise click.UsageError("Missing option '--dataset-size' (or --dataset, to plan from its token lengths)")
     check_dataset_options(params)
+    if params["dataset"] is not None and params["dataset_size"] is not None:
+        raise click.UsageError("--dataset-size is the sample count without --dataset; with one, its rows are counted")
+    if params["pack_length"] is not None and params["batching_strategy"] != "pack":
+        raise click.UsageError("--pack-length sets packed rows: it needs --batching pack")
     if params["dataset"] is not None and params["padding"] != "max_length":
         raise click.UsageError("--padding is for plans without --dataset; with one, --batching sets the padding")
     given = [f"--{name.replace('_strategy', '').replace('_', '-')}" for name in DATASET_ONLY
