@@ -264,3 +264,24 @@ def test_a_cpu_plan_is_not_sent_to_rehearse_which_points_nowhere(tmp_path, capsy
     assert "ftplan rehearse" not in (folder / "README.txt").read_text()
     code, _, err = run_ftplan(["rehearse", folder], capsys, monkeypatch)
     assert code == 2 and "planned for this CPU" in err and "--device" not in err
+
+
+@pytest.mark.parametrize("key, value", [("micro_batch", 0), ("micro_batch", -5), ("accumulation", 3.5),
+                                        ("predicted", "nan")])
+def test_plan_numbers_are_checked_even_under_a_rehashed_manifest(tmp_path, capsys, monkeypatch, key, value):
+    """The manifest is a plain sha256 list: re-hashed after an edit, micro-batch 0 or a NaN prediction reached the
+    dry run ('about inf GPU-minutes a run'), exit 0."""
+    import hashlib
+
+    folder = emit(tmp_path, capsys, monkeypatch)
+    numbers = json.loads((folder / PLAN_JSON).read_text())
+    if key == "predicted":
+        numbers["predicted"]["seconds_per_step"] = float(value)
+    else:
+        numbers[key] = value
+    (folder / PLAN_JSON).write_text(json.dumps(numbers))
+    manifest = json.loads((folder / ".ftplan-manifest.json").read_text())
+    manifest["files"][PLAN_JSON] = hashlib.sha256((folder / PLAN_JSON).read_bytes()).hexdigest()
+    (folder / ".ftplan-manifest.json").write_text(json.dumps(manifest))
+    code, _, err = run_ftplan(["rehearse", folder, "--dry-run"], capsys, monkeypatch)
+    assert code == 2 and "must be a positive" in err, err

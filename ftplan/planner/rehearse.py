@@ -95,11 +95,26 @@ def read_plan(directory: Path) -> dict:
     if absent:
         raise FtplanError(f"{path} lacks {', '.join(absent)}: emit the folder again with this ftplan "
                           "(`ftplan plan ... --emit DIR --force`)")
+    _check_plan_numbers(path, numbers)
     setting = Setting.from_dict(numbers["setting"])
     if setting.world_size > 1:
         raise FtplanError(f"rehearse runs one GPU; this plan uses {setting.world_size} (rehearse it on its cluster "
                           "with your launcher)")
     return numbers
+
+
+def _check_plan_numbers(path: Path, numbers: dict) -> None:
+    """The numbers a rehearsal runs and judges by: a manifest re-hashed after an edit let micro-batch 0 or -5 and
+    a NaN prediction through to a dry run that priced them ('about inf GPU-minutes')."""
+    for key in ("micro_batch", "accumulation", "usable_bytes"):
+        value = numbers[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise FtplanError(f"{path}: {key} must be a positive whole number, got {value!r}")
+    predicted = numbers["predicted"]
+    for key in ("seconds_per_step", "peak_reserved_bytes"):
+        value = predicted.get(key) if isinstance(predicted, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise FtplanError(f"{path}: predicted {key} must be a positive number, got {value!r}")
 
 
 # A rehearsal's time outside its steps (process start, dataset, model build, first-shape warm-up): the median
