@@ -18,10 +18,12 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ftplan.calibration.build_locks import clear_build_locks
 from ftplan.calibration.extra import INSTALL_EXTRA, missing
 from ftplan.calibration.scratch import trial_folder
 from ftplan.core.errors import FtplanError
@@ -183,7 +185,7 @@ def run_ranks(launches: Sequence[RankLaunch], timeout: float) -> RanksEnded:
     """Run ranks under the watchdog: each in a process group of its own that dies with this process (its
     children too, through the reaper); when one fails or time runs out, every other is ended.
     Calibration trials and network calibration both launch through here."""
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
     procs: list[subprocess.Popen] = []
     reaper = _GroupReaper()
     try:
@@ -198,6 +200,10 @@ def run_ranks(launches: Sequence[RankLaunch], timeout: float) -> RanksEnded:
     finally:
         _end_all(procs)
         reaper.stop()
+    if stopped:  # a rank ended mid-build leaves its extension's lock, on which every later trial would wait
+        for lock in clear_build_locks(since=started_at):
+            warnings.warn(f"removed {lock}: a build the ended trial had begun, which later trials would wait on",
+                          stacklevel=2)
     return RanksEnded(tuple(p.returncode for p in procs), reason, frozenset(stopped))
 
 

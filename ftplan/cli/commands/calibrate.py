@@ -26,6 +26,7 @@ from rich.progress import (
 )
 
 from ftplan.calibration import launcher, measure
+from ftplan.calibration.build_locks import STALE_AFTER_SECONDS, clear_build_locks
 from ftplan.calibration.extra import extra_problem
 from ftplan.calibration.ladder import LadderStep
 from ftplan.calibration.runner import CalibrationPlan, CalibrationProgress, calibrate, pinned_machine_id
@@ -159,6 +160,9 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
         settings = runnable_here(settings, device)
     plan = _calibration_plan(ctx, out, device, machine, batch_sizes, max_batch, verify, steps, warmup_steps, timeout,
                              log_dir, trial_command)
+    for lock in clear_build_locks():  # a calibration killed mid-build (kill -9) left it; trials would wait on it
+        click.echo(f"warning: removed {lock}, a PyTorch extension build lock over "
+                   f"{STALE_AFTER_SECONDS // 60} minutes old", err=True)
     console.print(f"calibrating {len(settings)} setting(s) on {device}, appending to {plan.out}")
     with _sigterm_as_interrupt(), RichProgress(console) as progress:
         records = calibrate(settings, plan, progress)
