@@ -278,8 +278,10 @@ def predict(model: str, batch_size: int, gpu: str = "H200", *, calibrations: Seq
             gpu_specs: Path | str | None = None, **setting) -> Prediction:
     """Peak memory per GPU and seconds per step of one setting and micro-batch, as `ftplan predict`;
     setting: the Setting fields (seq_len, precision, zero_stage, offload_optimizer, liger, lora_rank,
-    gradient_checkpointing, gpus, nodes, ...); padding defaults to "max_length", the padded and masked batches
-    of `ftplan predict` and of plan's emitted collator (padding="none": rows of exactly seq_len)."""
+    gradient_checkpointing, gpus, nodes, ...) as a record holds them: gpus is GPUs per node and nodes the node
+    count (gpus=8, nodes=2 is the CLI's --gpus 16, which lays out 8 a node by default); padding defaults to
+    "max_length", the padded and masked batches of `ftplan predict` and of plan's emitted collator
+    (padding="none": rows of exactly seq_len)."""
     _check_names(model=model, gpu=gpu)
     _check_optional_names(gpu_specs=gpu_specs)
     calibrations = _paths(calibrations)
