@@ -57,3 +57,10 @@ def test_an_allocator_configuration_that_is_not_pytorchs_is_refused_and_a_valid_
     assert code == 2 and "is not key:value" in err and not (tmp_path / "bad").exists()  # README.txt once ran it
     folder, _ = emit(tmp_path, capsys, monkeypatch, "--alloc-conf", "roundup_power2_divisions:[256:1,512:2]")
     assert "export PYTORCH_CUDA_ALLOC_CONF='roundup_power2_divisions:[256:1,512:2]'" in (folder / README).read_text()
+
+
+def test_an_allocator_key_set_twice_is_refused(tmp_path, capsys, monkeypatch):
+    """PyTorch keeps the last of expandable_segments:True,expandable_segments:False; the record named both."""
+    code, _, err = run_ftplan([*PLAN, "--alloc-conf", "expandable_segments:True,expandable_segments:False"],
+                              capsys, monkeypatch)
+    assert code == 2 and "sets expandable_segments twice" in err, err

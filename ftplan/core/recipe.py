@@ -120,9 +120,13 @@ def check_alloc_conf(text: str) -> str:
     README's shell line and a record's setting, and PyTorch itself only objects once CUDA starts."""
     if not text:
         return text
+    seen: set[str] = set()
     for pair in re.split(r",(?![^\[]*\])", text):  # roundup_power2_divisions:[256:1,512:2] keeps its list
         key, _, value = pair.partition(":")
         if key.strip() not in ALLOC_CONF_KEYS or not _ALLOC_CONF_VALUE.fullmatch(value.strip()):
             raise FtplanError(f"PYTORCH_CUDA_ALLOC_CONF {text!r}: {pair!r} is not key:value with a key among "
                               f"{', '.join(ALLOC_CONF_KEYS)} (e.g. expandable_segments:True)")
+        if key.strip() in seen:  # PyTorch keeps the last, the record's setting would name both
+            raise FtplanError(f"PYTORCH_CUDA_ALLOC_CONF {text!r} sets {key.strip()} twice")
+        seen.add(key.strip())
     return text
