@@ -232,6 +232,8 @@ def _file_texts(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch,
     ds = ds_config(setup.setting, batch.micro_batch, batch.accumulation)
     args = training_args(setup.setting, batch.micro_batch, request.epochs, OUTPUT_DIR, DS_CONFIG if ds else None,
                          batch.accumulation, sampler_args(batch))
+    if request.gpu.name == CPU:  # as the CPU trial ran it (no pinned-memory warning on a host without a GPU)
+        args["use_cpu"] = True
     texts = {DS_CONFIG: json.dumps(ds, indent=2) + "\n"} if ds else {}
     return {**texts, TRAINING_ARGS: json.dumps(args, indent=2) + "\n",
             TRAINING_ARGS_PY: training_args_py(args, batch, headline(setup, request)),
