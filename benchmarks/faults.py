@@ -141,6 +141,23 @@ FAULTS = (
     Fault(37, "a vanishing link bandwidth: refused, no traceback", probes=(
         ("plan --inter-node-bandwidth 1e-320", lambda: refused_in_one_line(*ONE_GPU_PLAN, "--gpus", "16",
                                                                             "--inter-node-bandwidth", "1e-320")),)),
+    # 2026-12-07: a new user on the README and an adversarial run, one helper each
+    Fault(38, "a trial ended mid-build leaves no extension lock", ("tests/test_build_locks.py",)),
+    Fault(39, "bounds never fall as the batch grows: eta agrees with plan", (
+        "tests/test_predictor.py::test_beyond_a_calibrated_batch_the_bounds_never_fall_so_eta_agrees_with_plan",)),
+    Fault(40, "specs and prices that overflow: refused, no Infinity", (
+        "tests/test_bad_input.py::test_numbers_that_overflow_to_infinity_are_refused",)),
+    Fault(41, "a model class refusing a config its own way: one line", (
+        "tests/test_architecture_config_errors.py::test_a_model_class_that_refuses_the_config_its_own_way_is_one_line",)),
+    Fault(42, "plan.json edited under a re-hashed manifest: refused", (
+        "tests/test_rehearse.py::test_plan_numbers_are_checked_even_under_a_rehashed_manifest",)),
+    Fault(43, "a calibration batch no card holds: refused up front", (
+        "tests/test_bad_input.py::test_calibrate_refuses_a_batch_no_card_holds_before_any_trial",)),
+    Fault(44, "a busy host's CPU calibration moves no GPU plan", (
+        "tests/test_communication.py::test_a_cpu_calibration_never_sets_the_gpu_ranks_spread",)),
+    Fault(45, "dataset flags that would be ignored: refused", (
+        "tests/test_bad_input.py::test_plan_refuses_a_dataset_flag_it_would_ignore",
+        "tests/test_api_argument_checks.py::test_a_character_count_that_is_not_a_positive_number_is_refused")),
 )
 
 
