@@ -208,7 +208,8 @@ class Predictor:
         # is wide (its overhead measured high), the fit's next line came out lower, so eta called batch 33 safe
         # where 32 was not (Llama-3.2-1B with checkpointing on the H200, bounds 137.24 then 135.56 GiB)
         for smaller in (self.predict(setting, c, gpu) for c in calibrated if c < batch):
-            allocated, reserved = _at_least(allocated, smaller.peak_allocated), _at_least(reserved, smaller.peak_reserved)
+            allocated = _at_least(allocated, smaller.peak_allocated)
+            reserved = _at_least(reserved, smaller.peak_reserved)
         reserved = _holding(reserved, allocated)
         wall = fit.observed_limit(seq) if exact else None  # a wall belongs to one card and one setting
         source = (SOURCE_MEASURED if exact and inside and batch in calibrated else SOURCE_INTERPOLATED if inside

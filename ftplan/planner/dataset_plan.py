@@ -342,7 +342,8 @@ def plan_dataset_file(predictor: Predictor, request: PlanRequest, path: Path, op
                       extra: Iterable[Setting] = (), chars_per_token: float | None = None,
                       ) -> tuple[DatasetPlan, list[str]]:
     """`ftplan plan --dataset`: read the lengths, plan with them, and the lines that explain both."""
-    read = load_lengths(path, text_field, ids_field, tokenizer, CHARS_PER_TOKEN if chars_per_token is None else chars_per_token)
+    read = load_lengths(path, text_field, ids_field, tokenizer,
+                        CHARS_PER_TOKEN if chars_per_token is None else chars_per_token)
     result = plan_from_lengths(predictor, request, read.lengths, options, extra)
     lines = describe_lengths(result.stats, result.limited, read.method)
     if result.recommended is not None:

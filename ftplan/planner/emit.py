@@ -175,8 +175,8 @@ CLUSTER_REHEARSE_LINES = ("", "Before the full run: `ftplan rehearse` runs one G
                           "of memory.")
 
 
-CPU_REHEARSE_LINES = ("", "Before the full run: this plan is for the CPU (rehearse verifies GPU plans), so run train.py for",
-                      "a few steps first (max_steps=20 in TrainingArguments) on the longest samples.")
+CPU_REHEARSE_LINES = ("", "Before the full run: this plan is for the CPU (rehearse verifies GPU plans), so run",
+                      "train.py for a few steps first (max_steps=20 in TrainingArguments) on the longest samples.")
 
 
 def _rehearse_lines(setting: Setting, gpu: str) -> tuple[str, ...]:

@@ -68,6 +68,7 @@ def _switch(value: str) -> tuple[bool, ...]:
 # A micro-batch no card holds (a million rows); 10^20 built its row list for the whole --timeout.
 MAX_TRIAL_BATCH = 2**20
 
+
 @click.command("calibrate")
 @click.option("--model", "models", multiple=True, required=True,
               help="Architecture id (see `ftplan models`) or a path to a config.json; repeatable.")
@@ -209,7 +210,8 @@ def dataset_seq_len(dataset: Path, text_field: str | None, ids_field: str | None
     if len(seq_lens) > 1:
         raise click.UsageError("with --dataset, calibration runs at its longest sample; give at most one --seq-len, "
                                "the longest a sample may be")
-    read = load_lengths(dataset, text_field, ids_field, tokenizer, CHARS_PER_TOKEN if chars_per_token is None else chars_per_token)
+    read = load_lengths(dataset, text_field, ids_field, tokenizer,
+                        CHARS_PER_TOKEN if chars_per_token is None else chars_per_token)
     length, lines = calibration_length(read, seq_lens[0] if seq_lens else None, too_long)
     for line in lines:
         console.print(line)

@@ -197,7 +197,8 @@ def _nothing_fits_as_json(as_json: bool) -> Iterator[None]:
         yield
     except DoesNotFit as exc:
         if as_json:
-            click.echo(json.dumps({"recommendation": None, "fits": False, "error": " ".join(str(exc).split())}, indent=2))
+            reason = " ".join(str(exc).split())
+            click.echo(json.dumps({"recommendation": None, "fits": False, "error": reason}, indent=2))
         raise
 
 
