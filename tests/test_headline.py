@@ -90,3 +90,20 @@ def test_a_cpu_plans_calibrate_command_runs_on_the_cpu():
     assert "--device cpu" in command and "GPU-minutes" not in command
     argv = command.split("`")[1].split()[2:]
     assert calibrate.make_context("calibrate", argv).params["device"] == "cpu"
+
+
+def test_an_extrapolated_cpu_plan_is_confirmed_by_running_train_py_not_by_rehearse(tmp_path):
+    import json
+
+    from tests.helpers import synthetic_records
+
+    setting = Setting("tiny-llama", seq_len=256, precision="fp32", padding="max_length")
+    records = [dict(r, device="cpu", gpu_name="cpu") for r in synthetic_records(
+        [1, 2, 4], seq_lens=(256,), setting=setting, memory=lambda b, s: (0.6 + 0.04 * b) * 2**30,
+        seconds=lambda b, s: 1e-4 * b)]  # faster than the prior's setups
+    (tmp_path / "cpu.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = api.plan("tiny-llama", 1000, "cpu", seq_len=256, precision="fp32", training="full",
+                      calibrations=[tmp_path / "cpu.jsonl"])
+    assert result.recommendation.best.source == "extrapolated"
+    (line,) = [w for w in result.to_dict()["warnings"] if "beyond what was calibrated" in w]
+    assert "run the emitted train.py" in line and "rehearse" not in line

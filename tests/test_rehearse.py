@@ -263,8 +263,9 @@ def test_a_cpu_plan_is_not_sent_to_rehearse_which_points_nowhere(tmp_path, capsy
     assert code == 0 and "verify it on the GPU" not in out and "run your train.py" in out, out
     assert "ftplan rehearse" not in (folder / "README.txt").read_text()
     assert json.loads((folder / "training_args.json").read_text())["use_cpu"] is True  # as the CPU trial ran
-    code, _, err = run_ftplan(["rehearse", folder], capsys, monkeypatch)
-    assert code == 2 and "planned for this CPU" in err and "--device" not in err
+    for dry_run in ([], ["--dry-run"]):
+        code, out, err = run_ftplan(["rehearse", folder, *dry_run], capsys, monkeypatch)
+        assert code == 2 and "planned for this CPU" in err and "--device" not in err and "GPU-minutes" not in out
 
 
 @pytest.mark.parametrize("key, value", [("micro_batch", 0), ("micro_batch", -5), ("accumulation", 3.5),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ftplan.core.architecture import cached_architecture, load_architecture
+from ftplan.core.hardware import CPU
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.eta import format_duration
@@ -218,9 +219,11 @@ def warnings_for(plan: Plan) -> list[str]:
         return [f"no {kind}setup fits and finishes{why}; see the lists below the table"]
     found = []
     if rec.best.source == SOURCE_EXTRAPOLATED:
+        confirm = ("run the emitted train.py for a few steps at that batch" if plan.request.gpu.name == CPU else
+                   "`ftplan rehearse` runs the emitted folder at that batch (`ftplan calibrate` verifies the "
+                   "recommended batch too)")
         found.append(f"{rec.label} at batch {rec.batch} is {rec.best.evidence} beyond what was calibrated: "
-                     "its safety bound is widened for that distance; confirm it before committing: `ftplan rehearse` runs "
-                     "the emitted folder at that batch (`ftplan calibrate` verifies the recommended batch too)")
+                     f"its safety bound is widened for that distance; confirm it before committing: {confirm}")
     if rec.setting.offload_optimizer:
         have = plan.request.host_memory_gib
         found.append(f"{rec.label} offloads the optimizer: each node needs at least {rec.host_bytes / GIB:,.1f} GiB "

@@ -169,9 +169,7 @@ def rehearse_folder(directory: Path, steps: int, timeout: float, lower: bool, lo
     or at the last one tried (the search's answer). Each run's record goes to on_record as soon as it ended, so a
     kill loses none."""
     numbers = read_plan(directory)
-    if numbers.get("gpu") == CPU:
-        raise FtplanError(f"{directory} is planned for this CPU, and rehearse verifies a GPU's plan on that GPU: "
-                          "run your train.py from the folder for a few steps instead")
+    refuse_a_cpu_plan(directory, numbers)
     problem = cuda_problem()
     if problem:
         raise FtplanError(f"rehearse needs the {numbers.get('gpu', 'GPU')} the plan is for: {problem}")
@@ -196,6 +194,13 @@ def rehearse_folder(directory: Path, steps: int, timeout: float, lower: bool, lo
     rewrite_rehearsed(directory, final.micro_batch, final.accumulation, search.runs[-1].summary(),
                       final_note(final, search.runs, steps))
     return search
+
+
+def refuse_a_cpu_plan(directory: Path, numbers: dict) -> None:
+    """A CPU plan has no GPU to rehearse on (and its dry run would price GPU-minutes)."""
+    if numbers.get("gpu") == CPU:
+        raise FtplanError(f"{directory} is planned for this CPU, and rehearse verifies a GPU's plan on that GPU: "
+                          "run your train.py from the folder for a few steps instead")
 
 
 def can_grow(numbers: dict) -> bool:

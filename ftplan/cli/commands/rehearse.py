@@ -10,7 +10,7 @@ import click
 from ftplan.core.errors import EXIT_DOES_NOT_FIT
 from ftplan.core.units import GIB
 from ftplan.evidence.inputs import USER_CALIBRATIONS
-from ftplan.planner.rehearse import DEFAULT_STEPS, read_plan, rehearsal_seconds, rehearse_folder
+from ftplan.planner.rehearse import DEFAULT_STEPS, read_plan, refuse_a_cpu_plan, rehearsal_seconds, rehearse_folder
 from ftplan.store.records import append_record
 
 REHEARSALS_FILE = "rehearsals.jsonl"
@@ -38,6 +38,7 @@ def command(directory: Path, steps: int, out: Path | None, lower: bool, grow: bo
     batches; a batch that ran inside the plan's budget is verified (and a larger one tried while there is room),
     one that did not is lowered. The folder ends at the largest batch that ran safely."""
     numbers = read_plan(directory)
+    refuse_a_cpu_plan(directory, numbers)
     estimate = rehearsal_seconds(numbers, steps)
     click.echo(f"{numbers['headline']}: micro-batch {numbers['micro_batch']} x accumulation "
                f"{numbers['accumulation']}, predicted {numbers['predicted']['peak_reserved_bytes'] / GIB:.2f} GiB "
