@@ -149,11 +149,14 @@ def test_numbers_that_overflow_to_infinity_are_refused(tmp_path, capsys, monkeyp
     assert code == 2 and message in err and "Infinity" not in out, err
 
 
-@pytest.mark.parametrize("flag, value", [("--batch-sizes", "1,99999999999999999999"), ("--max-batch", "99999999999")])
+@pytest.mark.parametrize("flag, value", [("--batch-sizes", "1,99999999999999999999"), ("--max-batch", "99999999999"),
+                                         ("--seq-len", "9" * 20), ("--steps", "9" * 20), ("--warmup-steps", "9" * 20),
+                                         ("--gpus", "9" * 20)])
 def test_calibrate_refuses_a_batch_no_card_holds_before_any_trial(capsys, monkeypatch, flag, value):
-    """10^20 started a trial that built its row list for the whole --timeout (RSS growing by the GB)."""
+    """10^20 started a trial that built its row list for the whole --timeout (RSS growing by the GB); as steps or
+    GPUs it hung, as a length it wrote an error record of torch's overflow."""
     code, _, err = run_ftplan(["calibrate", "--device", "cpu", "--model", "tiny-llama", flag, value], capsys, monkeypatch)
-    assert code == 2 and "1048576" in err.replace(",", "") and err.count("\n") == 1, err
+    assert code == 2 and ("at most" in err or "range" in err) and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -65,8 +65,11 @@ def _switch(value: str) -> tuple[bool, ...]:
     return {"on": (True,), "off": (False,), "both": (False, True)}[value]
 
 
-# A micro-batch no card holds (a million rows); 10^20 built its row list for the whole --timeout.
-MAX_TRIAL_BATCH = 2**20
+# Beyond what any trial can mean: 10^20 built a row list (or a step loop) until --timeout, or overflowed in torch.
+MAX_TRIAL_BATCH = 2**20  # rows a micro-batch
+MAX_TRIAL_SEQ_LEN = 2**24  # tokens a sample, past every model's context
+MAX_TRIAL_STEPS = 10_000  # measured or warm-up steps
+MAX_TRIAL_GPUS = 1024  # ranks on this one machine
 
 
 @click.command("calibrate")
@@ -80,7 +83,7 @@ MAX_TRIAL_BATCH = 2**20
 @click.option("--machine", default=None,
               help="Machine id stored in every record.  [default: $FTPLAN_MACHINE_ID, else the one --out's records "
                    "carry, else the host name]")
-@click.option("--seq-len", "seq_lens", type=click.IntRange(min=1), multiple=True,
+@click.option("--seq-len", "seq_lens", type=click.IntRange(min=1, max=MAX_TRIAL_SEQ_LEN), multiple=True,
               help="Tokens per sample; repeatable. With --dataset: the longest a sample may be.  "
                    "[default: 2048 on cuda, 256 on cpu; with --dataset, its longest sample]")
 @dataset_options
@@ -101,7 +104,8 @@ MAX_TRIAL_BATCH = 2**20
               help="nf4: QLoRA, LoRA (--lora-rank) on a 4-bit NF4 base with double quantization (bitsandbytes).")
 @click.option("--optimizer", type=click.Choice(sorted(OPTIMIZER_STATE_BYTES)), default="adamw_torch", show_default=True,
               help="Trainer `optim`, e.g. paged_adamw_8bit (bitsandbytes) for QLoRA.")
-@click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs (ranks) per trial.")
+@click.option("--gpus", type=click.IntRange(min=1, max=MAX_TRIAL_GPUS), default=1, show_default=True,
+              help="GPUs (ranks) per trial.")
 @click.option("--batch-sizes", callback=positive_int_list("batch sizes", MAX_TRIAL_BATCH), default=None,
               help="Comma-separated micro-batches to run.  [default on cuda: 1,2,4 then --verify]")
 @click.option("--max-batch", type=click.IntRange(min=1, max=MAX_TRIAL_BATCH), default=None,
@@ -110,8 +114,9 @@ MAX_TRIAL_BATCH = 2**20
 @click.option("--verify/--no-verify", default=None,
               help="After the listed batches, run the batch the planner would recommend, bisecting down if it "
                    "runs out of memory (at most 3 trials).  [default: on with the default batch sizes]")
-@click.option("--steps", type=click.IntRange(min=1), default=4, show_default=True, help="Measured steps per trial.")
-@click.option("--warmup-steps", type=click.IntRange(min=0), default=2, show_default=True,
+@click.option("--steps", type=click.IntRange(min=1, max=MAX_TRIAL_STEPS), default=4, show_default=True,
+              help="Measured steps per trial.")
+@click.option("--warmup-steps", type=click.IntRange(min=0, max=MAX_TRIAL_STEPS), default=2, show_default=True,
               help="Fewest untimed steps first; warm-up then goes on until a step takes within 10% of the one "
                    "before (at most 12 steps). 0: time from the first step.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=900.0, show_default=True,
