@@ -28,6 +28,7 @@ from ftplan.core.errors import FtplanError
     ({"dataset_size": 100, "lora_ranks": 16}, "lora_ranks must be a list, got 16"),
     ({"dataset_size": 100, "allow": "qlora"}, "allow must be a list, got 'qlora'"),
     ({"dataset_size": 100, "allow": ["4bit"]}, "allow takes 'qlora', got '4bit'"),
+    ({"dataset_size": 100, "chars_per_token": 3.0}, "chars_per_token reads a dataset: give dataset= too"),
 ])
 def test_plan_refuses_mistyped_arguments(kwargs, message):
     with pytest.raises(ftplan.FtplanError, match=message):  # the package's own name for the error a user catches
@@ -41,6 +42,7 @@ def test_plan_refuses_mistyped_arguments(kwargs, message):
     (4, {"seqlen": 512}, "unknown setting field"),
     (4, {"lora_rank": 16, "lora_targets": "q_proj"}, "lora_targets must be a list of module names, got 'q_proj'"),
     (4, {"lora_rank": 8, "lora_targets": []}, r"lora_targets must be a list of module names, got \[\]"),
+    (4, {"lora_rank": 8, "lora_targets": None}, "lora_targets must be a list of module names, got None"),
 ])
 def test_predict_refuses_a_fractional_batch_and_mistyped_settings(batch, setting, message):
     with pytest.raises(FtplanError, match=message):
@@ -74,10 +76,11 @@ def test_one_calibration_path_may_come_alone(tmp_path):
     assert ftplan.predict("llama-3-8b", 2, "H200", calibrations=str(path)).micro_batch == 2
 
 
-@pytest.mark.parametrize("chars", [float("nan"), float("inf"), 0])
+@pytest.mark.parametrize("chars", [float("nan"), float("inf"), 0, 1e-9])
 def test_a_character_count_that_is_not_a_positive_number_is_refused(tmp_path, chars):
-    """NaN was a bare ValueError, inf read every sample as empty, and 0 fell back to 4 without a word."""
+    """NaN was a bare ValueError, inf read every sample as empty, 0 fell back to 4 without a word, and 1e-9 planned
+    samples of a trillion tokens (the CLI's range, 0.1 to 100, holds for the API too)."""
     data = tmp_path / "d.jsonl"
     data.write_text('{"text": "hello world"}\n')
-    with pytest.raises(FtplanError, match="characters per token must be a positive number"):
+    with pytest.raises(FtplanError, match="characters per token must be a positive number from 0.1 to 100"):
         ftplan.plan("llama-3.2-1b", gpu="H100", dataset=str(data), chars_per_token=chars)

@@ -139,6 +139,8 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
                           attention=attention, alloc_conf=alloc_conf, padding=padding, dataset=dataset,
                           tokenizer=tokenizer, gpu_specs=gpu_specs)
     calibrations = _paths(calibrations)
+    _check_dataset_arguments(dataset, dataset_size, text_field=text_field, ids_field=ids_field, tokenizer=tokenizer,
+                             chars_per_token=chars_per_token)
     if dataset_options is not None and not isinstance(dataset_options, DatasetOptions):
         raise FtplanError(f"dataset_options must be a DatasetOptions, got {dataset_options!r}")
     _check_numbers(epochs=epochs, step_time_cv=step_time_cv, price_per_hour=price_per_hour, max_hours=max_hours,
@@ -286,8 +288,8 @@ def predict(model: str, batch_size: int, gpu: str = "H200", *, calibrations: Seq
     _check_optional_names(gpu_specs=gpu_specs)
     calibrations = _paths(calibrations)
     _check_integers(batch_size=batch_size)
-    targets = setting.get("lora_targets")
-    if isinstance(targets, str) or (targets is not None and not targets):  # a string is letters; [] adapts nothing
+    targets = setting.get("lora_targets", ())
+    if not isinstance(targets, (list, tuple)) or (not targets and "lora_targets" in setting):  # "q_proj" is letters
         raise FtplanError(f"lora_targets must be a list of module names, got {targets!r}")
     unknown = sorted(set(setting) - {f.name for f in fields(Setting)})
     if unknown:
@@ -318,6 +320,16 @@ def _paths(calibrations: object) -> list[Path | str]:
         raise FtplanError(f"calibrations must be a path or a list of paths, got {calibrations!r}")
     _check_names(**{f"calibrations[{i}]": path for i, path in enumerate(paths)})
     return list(paths)
+
+
+def _check_dataset_arguments(dataset: object, dataset_size: object, **reading: object) -> None:
+    """As the CLI refuses them: a dataset's reading options without a dataset were ignored without a word, and a
+    dataset_size beside a dataset lost to the file's rows."""
+    given = [name for name, value in reading.items() if value is not None]
+    if dataset is None and given:
+        raise FtplanError(f"{', '.join(given)} {'reads' if len(given) == 1 else 'read'} a dataset: give dataset= too")
+    if dataset is not None and dataset_size is not None:
+        raise FtplanError("dataset_size is the sample count without a dataset; with one, its rows are counted")
 
 
 def _check_lists(**values: object) -> None:

@@ -31,6 +31,8 @@ if TYPE_CHECKING:  # pandas loads when a dataset is read: a plan without one nev
 # English prose through a modern BPE vocabulary runs at about 4 characters per token (OpenAI's rule of
 # thumb for its tokenizers; Llama-3's 128k vocabulary lands close to it). Code and other languages differ.
 CHARS_PER_TOKEN = 4.0
+CHARS_PER_TOKEN_RANGE = (0.1, 100.0)  # one byte-level token per byte (0.25-1 for CJK) to whole words: 1e-9 planned
+# samples of a trillion tokens
 # In order of preference; TRL's prompt-completion format trains on both, so both are counted.
 TEXT_FIELDS = (("text",), ("content",), ("prompt", "completion"), ("messages",), ("conversations",), ("prompt",))
 IDS_FIELDS = ("input_ids",)
@@ -137,8 +139,10 @@ def _count_lengths(path: Path, text_field: str | None, ids_field: str | None, to
         lengths = _tokenize(texts, Path(tokenizer))
         return DatasetLengths(_nonempty(lengths, path), path, " + ".join(fields),
                               f"tokenizer {tokenizer}, of {used}", False)
-    if not (math.isfinite(chars_per_token) and chars_per_token > 0):  # NaN: a ValueError; inf: every sample empty
-        raise FtplanError(f"characters per token must be a positive number, got {chars_per_token}")
+    low, high = CHARS_PER_TOKEN_RANGE
+    if not low <= chars_per_token <= high:  # NaN: a ValueError; inf: every sample empty
+        raise FtplanError(f"characters per token must be a positive number from {low:g} to {high:g}, "
+                          f"got {chars_per_token}")
     lengths = np.asarray([math.ceil(len(t) / chars_per_token) for t in texts], dtype=np.int64)
     return DatasetLengths(_nonempty(lengths, path), path, " + ".join(fields),
                           f"ESTIMATE at {chars_per_token:g} characters per token (no --tokenizer given), of {used}",

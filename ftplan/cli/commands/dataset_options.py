@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from ftplan.models.batching import TOO_LONG
-from ftplan.planner.dataset import CHARS_PER_TOKEN
+from ftplan.planner.dataset import CHARS_PER_TOKEN, CHARS_PER_TOKEN_RANGE
 
 DATASET_OPTIONS = (
     click.option("--dataset", type=click.Path(path_type=Path), default=None,
@@ -20,7 +20,7 @@ DATASET_OPTIONS = (
     click.option("--tokenizer", type=click.Path(path_type=Path), default=None,
                  help="With --dataset: a local tokenizer folder or tokenizer.json; without it, tokens are estimated "
                       "from characters."),
-    click.option("--chars-per-token", type=click.FloatRange(min=0.1, max=100), default=None,
+    click.option("--chars-per-token", type=click.FloatRange(*CHARS_PER_TOKEN_RANGE), default=None,
                  help=f"With --dataset and no --tokenizer: characters per token of the estimate.  "
                       f"[default: {CHARS_PER_TOKEN:g}, English prose]"),
     click.option("--too-long", type=click.Choice(TOO_LONG), default="truncate", show_default=True,
