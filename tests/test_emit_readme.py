@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ftplan.planner.emit import DS_CONFIG, README
 from tests.helpers import run_ftplan
 
@@ -64,3 +66,16 @@ def test_an_allocator_key_set_twice_is_refused(tmp_path, capsys, monkeypatch):
     code, _, err = run_ftplan([*PLAN, "--alloc-conf", "expandable_segments:True,expandable_segments:False"],
                               capsys, monkeypatch)
     assert code == 2 and "sets expandable_segments twice" in err, err
+
+
+@pytest.mark.parametrize("conf, message", [
+    ("expandable_segments:maybe", "expandable_segments takes True or False, got 'maybe'"),
+    ("max_split_size_mb:abc", "max_split_size_mb takes a whole number of MB, at least 20"),
+    ("backend:foo", "backend takes native or cudaMallocAsync"),
+    ("garbage_collection_threshold:2", "garbage_collection_threshold takes a fraction between 0 and 1"),
+])
+def test_an_allocator_value_pytorch_refuses_is_refused_before_it_is_planned(capsys, monkeypatch, conf, message):
+    """Only the keys were checked: 'expandable_segments:maybe' was planned, labelled and would have been emitted, and
+    the user's run would stop when CUDA starts."""
+    code, _, err = run_ftplan([*PLAN, "--alloc-conf", conf], capsys, monkeypatch)
+    assert code == 2 and message in err, err

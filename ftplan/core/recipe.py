@@ -129,4 +129,29 @@ def check_alloc_conf(text: str) -> str:
         if key.strip() in seen:  # PyTorch keeps the last, the record's setting would name both
             raise FtplanError(f"PYTORCH_CUDA_ALLOC_CONF {text!r} sets {key.strip()} twice")
         seen.add(key.strip())
+        allowed = ALLOC_CONF_VALUES.get(key.strip())
+        if allowed is not None and not allowed[0](value.strip()):
+            raise FtplanError(f"PYTORCH_CUDA_ALLOC_CONF {text!r}: {key.strip()} takes {allowed[1]}, got {value.strip()!r}")
     return text
+
+
+def _number(text: str, low: float, high: float) -> bool:
+    try:
+        return low < float(text) < high
+    except ValueError:
+        return False
+
+
+# What PyTorch's allocator accepts for each key (c10/core/AllocatorConfig.cpp): a value it refuses stops the run when
+# CUDA starts, after the plan was made for it ('expandable_segments:maybe' was planned, labelled and emitted).
+_SWITCH = (lambda v: v in ("True", "False"), "True or False")
+ALLOC_CONF_VALUES = {
+    "expandable_segments": _SWITCH, "release_lock_on_cudamalloc": _SWITCH, "pinned_use_cuda_host_register": _SWITCH,
+    "pinned_use_background_threads": _SWITCH,
+    "backend": (lambda v: v in ("native", "cudaMallocAsync"), "native or cudaMallocAsync"),
+    "max_split_size_mb": (lambda v: v.isdigit() and int(v) >= 20, "a whole number of MB, at least 20"),
+    "max_non_split_rounding_mb": (str.isdigit, "a whole number of MB"),
+    "garbage_collection_threshold": (lambda v: _number(v, 0.0, 1.0), "a fraction between 0 and 1"),
+    "pinned_num_register_threads": (lambda v: v.isdigit() and int(v) in (1, 2, 4, 8, 16, 32, 64, 128),
+                                    "a power of 2 up to 128"),
+}
