@@ -77,6 +77,14 @@ def test_without_a_deadline_the_run_that_finishes_first_is_chosen():
     assert choice["gpus"] == 128
 
 
+def test_ranked_by_cost_without_a_deadline_the_cheapest_count_is_chosen():
+    """--by cost was ignored among GPU counts: 8 GPUs of full fine-tuning (17.25) over 1 GPU of LoRA (16.01)."""
+    counts = table(LORA_7B_BYTES, counts=(1, 2, 4, 8, 16, 32, 64, 128))
+    eta = with_eta(counts, 100_000, 1, 2.0)
+    choice = choose_gpu_count(counts, 100_000, 1, 2.0, by="cost")
+    assert choice["cost"] == eta["cost"].min() and choice["gpus"] != 128
+
+
 def test_with_a_deadline_the_cheapest_count_that_meets_it_is_chosen():
     counts = table(LORA_7B_BYTES, counts=(1, 2, 4, 8, 16, 32, 64, 128))
     eta = with_eta(counts, 100_000, 1, 2.0).set_index("gpus")

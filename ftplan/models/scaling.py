@@ -131,12 +131,13 @@ def with_eta(table: pd.DataFrame, dataset_size: int, epochs: float, price_per_gp
 
 
 def choose_gpu_count(table: pd.DataFrame, dataset_size: int, epochs: float, price_per_gpu_hour: float,
-                     max_hours: float | None = None) -> pd.Series:
-    """The row that finishes within max_hours at least cost (then soonest), or, without a deadline,
-    the one that finishes first (then cheapest)."""
+                     max_hours: float | None = None, by: str = "time") -> pd.Series:
+    """The row that finishes within max_hours at least cost (then soonest), or, without a deadline, the one
+    that finishes first (then cheapest), or the cheapest (then soonest) when ranked by cost."""
     eta = with_eta(table, dataset_size, epochs, price_per_gpu_hour)
     if max_hours is None:
-        return eta.sort_values(["hours", "cost", "gpus"]).iloc[0]
+        order = ["cost", "hours", "gpus"] if by == "cost" else ["hours", "cost", "gpus"]
+        return eta.sort_values(order).iloc[0]
     if max_hours <= 0:
         raise FtplanError(f"--max-hours must be positive, got {max_hours}")
     in_time = eta[eta["hours"] <= max_hours]

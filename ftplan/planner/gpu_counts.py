@@ -151,14 +151,17 @@ def plan_gpu_counts(predictor: Predictor, request: PlanRequest, gpu_counts: list
         raise DoesNotFit(last.error or f"no setup of {request.base.model} fits on {request.gpu.name}")
     price = request.price_per_gpu_hour if request.price_per_gpu_hour is not None else 1.0
     try:
-        row = choose_gpu_count(pool, request.dataset_size, request.epochs, price, request.max_hours)
+        row = choose_gpu_count(pool, request.dataset_size, request.epochs, price, request.max_hours, request.by)
     except FtplanError as exc:
         return ScalingPlan(request, counts, tables, None, None, str(exc))
     chosen = next(c for c in counts if c.gpus == row["gpus"])
     kind = row["kind"]
     final = plan_at(predictor, replace(request, training=kind), chosen.gpus, gpus_per_node, extra)
     unit = "cost" if request.price_per_gpu_hour is not None else "GPU-hours"
-    if request.max_hours is None:
+    if request.max_hours is None and request.by == "cost":
+        reason = (f"it costs least ({row['cost']:,.2f}, {format_duration(row['hours'] * 3600)} h:mm) among "
+                  f"{', '.join(map(str, gpu_counts))} GPUs")
+    elif request.max_hours is None:
         reason = (f"it finishes first ({format_duration(row['hours'] * 3600)} h:mm) among {', '.join(map(str, gpu_counts))} GPUs"
                   + (f", then at the least {unit}" if len(pool[pool['hours'] == row['hours']]) > 1 else ""))
     else:
