@@ -148,7 +148,8 @@ FAULTS = (
     Fault(40, "specs and prices that overflow: refused, no Infinity", (
         "tests/test_bad_input.py::test_numbers_that_overflow_to_infinity_are_refused",)),
     Fault(41, "a model class refusing a config its own way: one line", (
-        "tests/test_architecture_config_errors.py::test_a_model_class_that_refuses_the_config_its_own_way_is_one_line",)),
+        "tests/test_architecture_config_errors.py::test_a_model_class_that_refuses_the_config_its_own_way_is_one_line",
+        "tests/test_architecture_config_errors.py::test_an_encoder_is_refused_not_planned_as_a_decoder")),
     Fault(42, "plan.json edited under a re-hashed manifest: refused", (
         "tests/test_rehearse.py::test_plan_numbers_are_checked_even_under_a_rehashed_manifest",)),
     Fault(43, "a calibration batch no card holds: refused up front", (

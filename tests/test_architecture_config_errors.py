@@ -86,3 +86,12 @@ def test_a_model_class_that_refuses_the_config_its_own_way_is_one_line(tmp_path,
     path.write_text(json.dumps({k: v for k, v in config.items() if not k.startswith("_")} | {"model_type": model_type}))
     code, _, err = run_ftplan(["predict", "--model", path, "--batch-size", 4, "--gpu", "H100"], capsys, monkeypatch)
     assert code == 2 and f"error: transformers cannot build a causal LM of model_type '{model_type}'" in err
+
+
+def test_an_encoder_is_refused_not_planned_as_a_decoder(tmp_path, capsys, monkeypatch):
+    """BERT and RoBERTa built as causal LMs were planned with LoRA on q_proj..down_proj, which they do not have."""
+    transformers = pytest.importorskip("transformers")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(transformers.BertConfig().to_dict(), default=str))
+    code, _, err = run_ftplan(["predict", "--model", path, "--batch-size", 4, "--gpu", "H100"], capsys, monkeypatch)
+    assert code == 2 and "model_type 'bert' has no decoder layers" in err, err

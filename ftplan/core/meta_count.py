@@ -30,7 +30,11 @@ def meta_structure(config: dict) -> Structure:
         # from Falcon's head_dim, huggingface_hub's StrictDataclassClassValidationError from DBRX and Zamba2)
         raise FtplanError(f"transformers cannot build a causal LM of model_type {config.get('model_type')!r}: "
                           f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
-    return structure_of(model)
+    structure = structure_of(model)
+    if not structure.linears:  # BERT's encoder.layer.N, GPT-2's Conv1D h.N: no decoder ftplan can count or adapt
+        raise FtplanError(f"model_type {config.get('model_type')!r} has no decoder layers of linear projections "
+                          "(model.layers.N.*_proj) that ftplan counts and LoRA adapts; it plans decoder-only LLMs")
+    return structure
 
 
 def structure_of(model) -> Structure:
