@@ -148,3 +148,12 @@ def test_a_switch_without_which_nothing_fits_names_the_setup_that_does_not(capsy
                   "--dataset-size", 1000], capsys, monkeypatch)
     reason = next(r for r in plan["reasons"] if r.startswith("optimizer offload on: without that"))
     assert re.search(r"without that, \S+ .*full.* does not fit even at batch 1", reason), reason
+
+
+def test_piped_reasons_are_one_unwrapped_line_each(capsys, monkeypatch):
+    """The README promises piped output unwrapped prose; the reasons' grid wrapped them at 120 columns."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    args = ["plan", "--model", "llama-3.2-1b", "--gpu", "H200", "--dataset-size", 1000, "--full"]
+    out = _plan(args, capsys, monkeypatch, columns=None)
+    reasons = _json(args, capsys, monkeypatch)["reasons"]
+    assert reasons and all(f"  • {reason}" in out.splitlines() for reason in reasons)

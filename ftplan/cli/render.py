@@ -256,7 +256,17 @@ def _print_recommendation(plan: Plan, console: Console, failed: dict[Setting, st
         which = f" (the {metric} of both kinds)" if both else ""
         console.print(f"\n[bold]Recommendation: {rec.label}, batch {rec.batch} per GPU, "
                       f"ETA {format_duration(rec.eta.total_seconds)}[/]{_upper_time(rec.eta)}{which}")
-        console.print(_bullets(advice.reasons(plan, training_note=not both)))
+        _print_bullets(console, advice.reasons(plan, training_note=not both))
+
+
+def _print_bullets(console: Console, lines: list[str]) -> None:
+    """A bulleted list: on a terminal its wrapped lines keep their indent; piped, one unwrapped line a bullet, as the
+    rest of the prose (a grid wrapped them at 120 columns and padded them with spaces)."""
+    if console.soft_wrap:
+        for line in lines:
+            console.print(f"  • {line}")
+    else:
+        console.print(_bullets(lines))
 
 
 def _bullets(lines: list[str]) -> Table:
