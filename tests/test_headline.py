@@ -88,6 +88,9 @@ def test_a_cpu_plans_calibrate_command_runs_on_the_cpu():
     result = api.plan("tiny-llama", 1000, "cpu", seq_len=256, precision="fp32")
     command = next(line for line in result.headline if line.startswith("to measure it"))
     assert "--device cpu" in command and "GPU-minutes" not in command
+    from ftplan.evidence.workspace import Workspace
+
+    assert "(this host's RAM)" in Workspace.open("cpu").budget().describe()  # it said "catalog", which has no figure
     argv = command.split("`")[1].split()[2:]
     assert calibrate.make_context("calibrate", argv).params["device"] == "cpu"
 

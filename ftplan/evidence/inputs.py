@@ -12,7 +12,7 @@ from functools import cached_property
 from pathlib import Path
 
 from ftplan.core.errors import FtplanError
-from ftplan.core.hardware import GpuSpec, find_gpu, load_catalog
+from ftplan.core.hardware import CPU, GpuSpec, find_gpu, load_catalog
 from ftplan.core.paths import calibrations_dir
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
@@ -108,7 +108,8 @@ class Evidence:
         shipped = load_catalog().get(gpu.name) == gpu
         measured = self.measured_capacity(gpu) if shipped else None
         return MemoryBudget(measured or gpu.memory_bytes, safety_margin, int(context_reserve_gib * GIB),
-                            "measured by calibration" if measured else ("catalog" if shipped else "your GPU specs"))
+                            "measured by calibration" if measured else "your GPU specs" if not shipped else
+                            "this host's RAM" if gpu.name == CPU else "catalog")
 
     def links(self, gpu: GpuSpec, intra: str | None = None, inter: str | None = None) -> tuple[Links, str]:
         """The links to price communication with, and a sentence saying where each figure came from.
