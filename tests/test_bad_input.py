@@ -170,3 +170,10 @@ def test_plan_refuses_a_dataset_flag_it_would_ignore(tmp_path, capsys, monkeypat
     code, _, err = run_ftplan(["plan", "--model", "llama-3.2-1b", "--gpu", "H100", "--dataset", data, *extra],
                               capsys, monkeypatch)
     assert code == 2 and message in err, err
+
+
+def test_calibrate_refuses_a_batch_list_beside_the_full_ladder(capsys, monkeypatch):
+    """--max-batch 4 --batch-sizes 1,2 ran the list and dropped the ladder's cap without a word."""
+    code, _, err = run_ftplan(["calibrate", "--device", "cpu", "--model", "tiny-llama", "--max-batch", 4,
+                               "--batch-sizes", "1,2"], capsys, monkeypatch)
+    assert code == 2 and "--batch-sizes runs the batches listed, --max-batch the full ladder: give one" in err, err

@@ -197,6 +197,8 @@ def _calibration_plan(ctx: click.Context, out: Path | None, device: str, machine
                       warmup_steps: int, timeout: float, log_dir: Path | None,
                       trial_command: tuple[str, ...] | None) -> CalibrationPlan:
     """How every trial runs and where it is recorded; the store is checked first, so a bad path fails before any trial."""
+    if batch_sizes is not None and max_batch is not None:  # the listed batches ran, the ladder's cap was dropped
+        raise click.UsageError("--batch-sizes runs the batches listed, --max-batch the full ladder: give one")
     out = out or measure.default_records_path()
     _check_writable(out)  # before reading it: a symlink or a user's own file is refused unread
     machine = machine or measure.machine_id(pinned_machine_id(out))
