@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from ftplan.core.hardware import CPU, GpuSpec, find_gpu, load_catalog
+from ftplan.core.hardware import GpuSpec, find_gpu, load_catalog
 from ftplan.core.settings import Setting
 from ftplan.models.communication.links import Links
 from ftplan.models.prediction import Prediction
 from ftplan.models.safe_batch import MemoryBudget
 from ftplan.models.scaling import with_step_time_cv
 from ftplan.evidence.inputs import Evidence, load_evidence
+from ftplan.store.records import same_device_kind
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,7 @@ class Workspace:
         card = find_gpu(gpu, catalog)
         evidence = load_evidence(tuple(Path(c) for c in calibrations), catalog)
         links, links_text = evidence.links(card, intra_node_bandwidth, inter_node_bandwidth)
-        # a CPU's step times (a busy host's especially) say nothing of how GPU ranks straggle, nor the reverse
-        same_kind = [r for r in evidence.records if (r.get("device") == CPU) == (card.name == CPU)]
+        same_kind = [r for r in evidence.records if same_device_kind(r, card.name)]  # a busy CPU's steps: not GPU ranks'
         links, spread_text = with_step_time_cv(links, step_time_cv, same_kind)
         return cls(evidence, card, links, f"{links_text} {spread_text}")
 

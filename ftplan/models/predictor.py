@@ -207,7 +207,9 @@ class Predictor:
         # a larger batch never needs less than a smaller calibrated one: beyond a measured batch whose own bound
         # is wide (its overhead measured high), the fit's next line came out lower, so eta called batch 33 safe
         # where 32 was not (Llama-3.2-1B with checkpointing on the H200, bounds 137.24 then 135.56 GiB)
-        for smaller in (self.predict(setting, c, gpu) for c in calibrated if c < batch):
+        below = [c for c in calibrated if c < batch]
+        if below:  # its own prediction already holds every smaller calibrated batch's
+            smaller = self.predict(setting, below[-1], gpu)
             allocated = _at_least(allocated, smaller.peak_allocated)
             reserved = _at_least(reserved, smaller.peak_reserved)
         reserved = _holding(reserved, allocated)

@@ -22,6 +22,7 @@ from ftplan.models.prediction import (
 )
 from ftplan.planner.gpu_counts import KINDS
 from ftplan.planner.search import Plan, SetupPlan
+from ftplan.store.records import same_device_kind
 
 CALIBRATED_SOURCES = (SOURCE_VERIFIED, SOURCE_MEASURED, SOURCE_INTERPOLATED)
 # `ftplan calibrate`'s default: batches 1, 2 and 4, then at most 3 verify trials bisecting to the safe batch.
@@ -109,8 +110,9 @@ def prior_winner_lines(plan: Plan, records: list[dict]) -> list[str]:
         lines.append(f"best calibrated alternative: {alternative.label}, batch {alternative.batch} per GPU, ETA "
                      f"{format_duration(alternative.eta.total_seconds)} ({alternative.best.source}{other_kind})"
                      + (f"; `--emit-setup '{alternative.label}'` emits it" if alternative is not rec else ""))
-    on_cpu = plan.request.gpu.name == CPU  # a trial's start-up on a CPU is not a GPU's, nor the reverse
-    seconds = calibration_seconds(rec, [r for r in records if r.get("gpu_name") and (r.get("device") == CPU) == on_cpu])
+    card = plan.request.gpu.name
+    seconds = calibration_seconds(rec, [r for r in records if r.get("gpu_name") and same_device_kind(r, card)])
+    on_cpu = card == CPU
     took = (f", about {_minutes(*seconds)} {'CPU' if on_cpu else 'GPU'}-minutes ({len(DEFAULT_TRIAL_BATCHES) + 1}-"
             f"{len(DEFAULT_TRIAL_BATCHES) + MAX_VERIFY_TRIALS} trials)" if seconds else "")
     lines.append(f"to measure it, run on the {plan.request.gpu.name}: `{calibrate_command(rec.setting, on_cpu)}`{took}"

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ftplan.core.errors import FtplanError
+from ftplan.core.hardware import CPU
 from ftplan.core.settings import Setting
 
 SCHEMA_VERSION = 1
@@ -87,6 +88,12 @@ def build_record(setting: Setting, micro_batch: int, status: str, **measured) ->
         raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
     return {"schema_version": SCHEMA_VERSION, **setting.to_dict(), "setting_key": setting.key(),
             "micro_batch": micro_batch, "status": status, **measured}
+
+
+def same_device_kind(record: dict, gpu_name: str) -> bool:
+    """Whether the record ran on the kind of device a plan is for: a CPU's step times and trial start-ups say
+    nothing of a GPU's, nor the reverse."""
+    return (record.get("device") == CPU) == (gpu_name == CPU)
 
 
 def is_rehearsal(record: dict) -> bool:

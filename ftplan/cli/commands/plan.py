@@ -252,9 +252,10 @@ def _rehearse_hint(emit: Path, chosen) -> str:
     if chosen.setting.world_size > 1:
         return (f"`ftplan rehearse` runs one GPU; this plan uses {chosen.setting.world_size}: run the folder's launch "
                 "command (README.txt) for a few steps on the cluster before the full run")
-    if read_plan(emit).get("gpu") == CPU:
+    numbers = read_plan(emit)
+    if numbers.get("gpu") == CPU:
         return "before the full run, run your train.py from the folder for a few steps on this CPU"
-    minutes = rehearsal_seconds(read_plan(emit), DEFAULT_STEPS) / 60
+    minutes = rehearsal_seconds(numbers, DEFAULT_STEPS) / 60
     return (f"verify it on the GPU before the full run: `ftplan rehearse {emit}` runs this folder unchanged for "
             f"{DEFAULT_STEPS} steps on the heaviest batches (about {minutes:.1f} GPU-minutes a run; it lowers the "
             "batch and rewrites the folder if it runs out of memory, and grows it while a safe run leaves room"
