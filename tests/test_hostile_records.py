@@ -120,3 +120,18 @@ def test_the_cli_escapes_control_and_bidi_characters_in_every_warning(tmp_path, 
     assert "evil" in err
     assert "\u202e" not in err and "\x00" not in err
     assert "H200\\u202e\\x00evil" in err
+
+
+def test_a_record_saved_as_latin_1_is_named_as_not_utf8_not_as_torn(tmp_path):
+    path = tmp_path / "c.jsonl"
+    edited = json.dumps({**json.loads(GOOD), "micro_batch": 977, "machine": "Büro"}, ensure_ascii=False)
+    assert read_with_warnings(_written(tmp_path / "utf8.jsonl", edited.encode()))[0]  # valid, saved as UTF-8
+    path.write_bytes(b"\n".join([GOOD.encode(), edited.encode("latin-1"), OTHER.encode()]) + b"\n")
+    records, messages = read_with_warnings(path)
+    assert len(records) == 2
+    assert messages == [f"{path}:2: not UTF-8 text (save the file as UTF-8); record skipped"]
+
+
+def _written(path, content: bytes):
+    path.write_bytes(content + b"\n")
+    return path

@@ -261,6 +261,8 @@ def _parse(line: bytes | None, kind: str) -> tuple[dict | None, str | None]:
         record = json.loads(line)
     except RecursionError:
         return None, "JSON nested too deeply; record skipped"
+    except UnicodeDecodeError:  # a hand-edited file saved as latin-1: whole, but not the UTF-8 JSON must be
+        return None, "not UTF-8 text (save the file as UTF-8); record skipped"
     except ValueError:  # a torn write, not text at all, or a number too long to convert
         return None, "corrupt or truncated record skipped"
     if isinstance(record, dict) and record.get("kind", "trial") != kind:
