@@ -8,7 +8,7 @@ import os
 import pytest
 
 from ftplan.core.errors import FtplanError
-from ftplan.core.hardware import load_catalog
+from ftplan.core.hardware import find_gpu, load_catalog
 from tests.helpers import run_ftplan, within
 
 HEADER = "name,memory_gib,bf16_dense_tflops,memory_bandwidth_gbs,intra_node_gbs,torch_total_gib"
@@ -71,3 +71,23 @@ def test_an_infinite_or_vanishing_inter_node_bandwidth_is_refused(capsys, monkey
     code, _out, err = run_ftplan([*PLAN, "--gpu", "H200", "--gpus", "16", "--inter-node-bandwidth", bandwidth],
                                  capsys, monkeypatch)
     assert code == 2 and "GB/s" in err and "Traceback" not in err, err
+
+
+ALIASED = "name,aliases,memory_gib,bf16_dense_tflops,memory_bandwidth_gbs"
+
+
+def test_a_users_aliases_find_their_card_and_a_replaced_card_keeps_its_shipped_ones(tmp_path):
+    path = tmp_path / "specs.csv"
+    path.write_text(f"{ALIASED}\nLab-Card,labcard;a100,48,300,900\nh200,,100,989,4800\n")
+    catalog = load_catalog(path)
+    assert find_gpu("labcard", catalog).name == "Lab-Card"
+    assert find_gpu("A100", catalog).name == "Lab-Card"  # the user's alias wins over the shipped one (A100-40GB)
+    assert find_gpu("h200-sxm", catalog).memory_gib == 100  # their H200 row, by the shipped row's alias
+
+
+def test_an_alias_that_is_another_cards_name_is_refused_not_shadowed(tmp_path, capsys, monkeypatch):
+    """A user's alias 'H100' for their own card planned for the shipped H100, without a word."""
+    path = tmp_path / "specs.csv"
+    path.write_text(f"{ALIASED}\nLab-Card,h100,48,300,900\n")
+    code, _out, err = run_ftplan([*PLAN, "--gpu", "h100", "--gpu-specs", path], capsys, monkeypatch)
+    assert code == 2 and "Lab-Card's alias 'H100' is the name of another card" in err, err

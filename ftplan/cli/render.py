@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from ftplan.core.hardware import CPU, GpuSpec, aliases_of
+from ftplan.core.hardware import CPU, GpuSpec
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.communication.layout import describe_layout
@@ -351,7 +351,7 @@ def gpu_table(catalog: dict[str, GpuSpec]) -> Table:
         table.add_column(name, no_wrap=not wraps, justify="left" if wraps or name == "name" else "right")
     for spec in catalog.values():
         datasheet = "-" if spec.name == CPU else f"{spec.memory_gib:.4g}"  # the host's RAM, in GiB, has none
-        table.add_row(spec.name, " ".join(aliases_of(spec.name)), datasheet,
+        table.add_row(spec.name, " ".join(spec.alias_names), datasheet,
                       f"{spec.memory_bytes / GIB:.2f}", f"{spec.bf16_dense_tflops:g}", f"{spec.memory_bandwidth_gbs:g}",
                       f"{spec.intra_node_gbs:g}" if spec.intra_node_gbs else "-", spec.interconnect.split("(")[0].strip() or "-")
     return table

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import csv
 import difflib
-import functools
 import io
 import math
 import os
 import stat
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ftplan.core.errors import FtplanError
@@ -48,6 +47,12 @@ class GpuSpec:
     source: str = ""
     torch_total_gib: float | None = None
     compute_capability: str = ""  # CUDA's, e.g. "9.0": cards that share it run the same kernels; "" unknown
+    aliases: str = ""  # other names it answers to, ';'-separated (3090;rtx3090 for RTX-3090)
+
+    @property
+    def alias_names(self) -> list[str]:
+        """The other names, normalised, this card's own name left out."""
+        return [a for a in dict.fromkeys(map(_normalise, self.aliases.split(";"))) if a and a != _normalise(self.name)]
 
     def runs_the_kernels_of(self, other: GpuSpec) -> bool:
         """Whether this card runs the kernels `other` ran (the same CUDA compute capability), so that a run's
@@ -108,14 +113,29 @@ def load_catalog(extra_specs: Path | None = None) -> dict[str, GpuSpec]:
     for rows in tables:
         for row in rows:
             spec = GpuSpec(**{k: row[k] for k in GpuSpec.__dataclass_fields__ if row.get(k) is not None})
-            # a user's 'h200' row replaces the shipped H200 (names are matched in any case), not hides beside it
+            # a user's 'h200' row replaces the shipped H200 (names are matched in any case), not hides beside it;
+            # without aliases of its own it keeps the names the shipped row answered to
             for name in [n for n in catalog if n.lower() == spec.name.lower()]:
-                del catalog[name]
+                shipped = catalog.pop(name)
+                spec = replace(spec, aliases=spec.aliases or shipped.aliases)
             catalog[spec.name] = spec
     cpu = host_cpu_spec()
     if cpu is not None and CPU not in catalog:  # a user's own 'cpu' row wins
         catalog[CPU] = cpu
+    _refuse_aliases_naming_cards(catalog, extra_specs)
     return catalog
+
+
+def _refuse_aliases_naming_cards(catalog: dict[str, GpuSpec], extra_specs: Path | None) -> None:
+    """An alias that is another card's name would be shadowed by that card without a word (a user's
+    'h100' alias for their own row planned for the shipped H100): which card was meant is a guess."""
+    names = {_normalise(name): name for name in catalog}
+    for spec in catalog.values():
+        clash = next((names[a] for a in spec.alias_names if a in names), None)
+        if clash is not None:
+            where = f"GPU specs {extra_specs}" if extra_specs is not None else "the GPU catalog"
+            raise FtplanError(f"{where}: {spec.name}'s alias '{clash}' is the name of another card; "
+                              "drop it or rename that card's row")
 
 
 def _read_specs(path: Path) -> list[dict]:
@@ -187,27 +207,14 @@ def _specs_file(path: Path):
     return handle
 
 
-@functools.lru_cache(maxsize=4)
-def _shipped_aliases(path: Path) -> tuple[tuple[str, str], ...]:
-    """(normalised alias, card name) pairs; cached because every calibration record's GPU is looked up."""
-    return tuple((_normalise(alias), row["name"]) for row in _read_specs(path)
-                 for alias in (row.get("aliases") or "").split(";") if alias)
-
-
-def aliases_of(name: str) -> list[str]:
-    """The other names the catalog accepts for a shipped card (e.g. 3090 for RTX-3090)."""
-    return [alias for alias, canonical in _shipped_aliases(data_dir() / "gpus.csv")
-            if canonical == name and alias != _normalise(name)]
-
-
 def find_gpu(name: str, catalog: dict[str, GpuSpec] | None = None) -> GpuSpec:
     """Look a GPU up by name or alias, case-insensitively; suggest close names when unknown."""
     catalog = catalog if catalog is not None else load_catalog()
     wanted = _normalise(name)
     aliases = {_normalise(spec.name): spec for spec in catalog.values()}
-    for alias, canonical in _shipped_aliases(data_dir() / "gpus.csv"):
-        if canonical in catalog:
-            aliases.setdefault(alias, catalog[canonical])
+    for spec in reversed(catalog.values()):  # a user's rows come last, and their aliases win over shipped ones
+        for alias in spec.alias_names:
+            aliases.setdefault(alias, spec)
     if wanted in aliases:
         found = aliases[wanted]
         others = sorted({spec.name for alias, spec in aliases.items() if spec != found and alias.startswith(wanted)})
