@@ -68,7 +68,16 @@ def test_a_bad_line_between_good_ones_is_named_and_skipped_and_the_rest_read(tmp
 def test_a_binary_file_is_skipped_line_by_line_never_decoded_whole(tmp_path):
     path = tmp_path / "c.jsonl"
     path.write_bytes(bytes(range(11, 256)) * 8 + b"\n" + GOOD_LINES[0].encode() + b"\n")
-    with pytest.warns(RecordWarning, match=r"c\.jsonl:1: corrupt"):
+    with pytest.warns(RecordWarning, match=r"c\.jsonl:1: not UTF-8 text"):
+        assert len(read_records([path])) == 1
+
+
+def test_a_write_torn_inside_a_character_is_a_torn_record_not_a_wrong_encoding(tmp_path):
+    path = tmp_path / "c.jsonl"
+    line = GOOD_LINES[0].encode()
+    torn = line[:-3] + "é".encode()[:1]
+    path.write_bytes(torn + b"\n" + line + b"\n")
+    with pytest.warns(RecordWarning, match=r"c\.jsonl:1: corrupt or truncated"):
         assert len(read_records([path])) == 1
 
 

@@ -258,10 +258,12 @@ def _parse(line: bytes | None, kind: str) -> tuple[dict | None, str | None]:
     if not line.strip():
         return None, None
     try:
-        record = json.loads(line)
+        record = json.loads(line.rstrip(b"\r\n").decode())  # UTF-8 (RFC 8259); torn inside a character: cut short
     except RecursionError:
         return None, "JSON nested too deeply; record skipped"
-    except UnicodeDecodeError:  # a hand-edited file saved as latin-1: whole, but not the UTF-8 JSON must be
+    except UnicodeDecodeError as exc:  # a hand-edited file saved as latin-1 is whole, but not the UTF-8 JSON must be
+        if exc.reason == "unexpected end of data":  # a write torn inside a character
+            return None, "corrupt or truncated record skipped"
         return None, "not UTF-8 text (save the file as UTF-8); record skipped"
     except ValueError:  # a torn write, not text at all, or a number too long to convert
         return None, "corrupt or truncated record skipped"

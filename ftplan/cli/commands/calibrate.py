@@ -54,6 +54,7 @@ CALIBRATED_PADDINGS = ("max_length", "longest", "none")  # packed rows are not c
 DEFAULT_SEQ_LEN = {"cuda": 2048, "cpu": 256}
 DEFAULT_PRECISION = {"cuda": "bf16", "cpu": "fp32"}
 SWITCH = click.Choice(["on", "off", "both"])
+EXIT_NOTHING_MEASURED = 1  # every trial failed: what a script must not take for a calibration
 
 
 def _split_targets(_ctx, _param, value: str) -> tuple[str, ...]:
@@ -175,6 +176,11 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
     console.print(f"{len(records)} new record(s) in {plan.out}")
     for line in noisy_ladders(records, plan.out):
         click.echo(f"warning: {line}", err=True)
+    failed = [record for record in records if record["status"] == "error"]
+    if failed and len(failed) == len(records):  # a script must not take a run that measured nothing for a calibration
+        click.echo(f"error: all {len(failed)} trial(s) failed, nothing was measured; the first: {failed[0]['message']}",
+                   err=True)
+        raise click.exceptions.Exit(EXIT_NOTHING_MEASURED)
 
 
 def noisy_ladders(records: list[dict], out: Path) -> list[str]:
