@@ -268,17 +268,22 @@ def test_a_cpu_plan_is_not_sent_to_rehearse_which_points_nowhere(tmp_path, capsy
         assert code == 2 and "planned for this CPU" in err and "--device" not in err and "GPU-minutes" not in out
 
 
-@pytest.mark.parametrize("key, value", [("micro_batch", 0), ("micro_batch", -5), ("accumulation", 3.5),
-                                        ("predicted", "nan")])
-def test_plan_numbers_are_checked_even_under_a_rehashed_manifest(tmp_path, capsys, monkeypatch, key, value):
+@pytest.mark.parametrize("key, value, words", [
+    ("micro_batch", 0, "must be a positive"), ("micro_batch", -5, "must be a positive"),
+    ("accumulation", 3.5, "must be a positive"), ("predicted", "nan", "must be a positive"),
+    ("micro_batch", 10**9, "is above 1048576"), ("gpu", "Z9000", "unknown GPU 'Z9000'"),
+    ("model", "no-such-model", "no-such-model")])
+def test_plan_numbers_are_checked_even_under_a_rehashed_manifest(tmp_path, capsys, monkeypatch, key, value, words):
     """The manifest is a plain sha256 list: re-hashed after an edit, micro-batch 0 or a NaN prediction reached the
-    dry run ('about inf GPU-minutes a run'), exit 0."""
+    dry run ('about inf GPU-minutes a run'), exit 0; an unknown GPU or model, or batch 10^9, reached the GPU."""
     import hashlib
 
     folder = emit(tmp_path, capsys, monkeypatch)
     numbers = json.loads((folder / PLAN_JSON).read_text())
     if key == "predicted":
         numbers["predicted"]["seconds_per_step"] = float(value)
+    elif key == "model":
+        numbers["setting"]["model"] = value
     else:
         numbers[key] = value
     (folder / PLAN_JSON).write_text(json.dumps(numbers))
@@ -286,4 +291,4 @@ def test_plan_numbers_are_checked_even_under_a_rehashed_manifest(tmp_path, capsy
     manifest["files"][PLAN_JSON] = hashlib.sha256((folder / PLAN_JSON).read_bytes()).hexdigest()
     (folder / ".ftplan-manifest.json").write_text(json.dumps(manifest))
     code, _, err = run_ftplan(["rehearse", folder, "--dry-run"], capsys, monkeypatch)
-    assert code == 2 and "must be a positive" in err, err
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err

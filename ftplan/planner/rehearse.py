@@ -24,8 +24,9 @@ from pathlib import Path
 
 from ftplan.calibration.launcher import cuda_problem, run_process
 from ftplan.core.errors import FtplanError
-from ftplan.core.hardware import CPU
-from ftplan.core.settings import Setting
+from ftplan.core.architecture import cached_architecture
+from ftplan.core.hardware import CPU, find_gpu
+from ftplan.core.settings import MAX_TRIAL_BATCH, Setting
 from ftplan.core.units import GIB
 from ftplan.planner.emit import PLAN_JSON, TRAINING_ARGS_PY, edited_run_files, rewrite_rehearsed
 from ftplan.store.records import build_record
@@ -97,6 +98,8 @@ def read_plan(directory: Path) -> dict:
                           "(`ftplan plan ... --emit DIR --force`)")
     _check_plan_numbers(path, numbers)
     setting = Setting.from_dict(numbers["setting"])
+    find_gpu(str(numbers["gpu"]))  # an edited GPU or model name fails here in one line, not in the run on the GPU
+    cached_architecture(setting.model)
     if setting.world_size > 1:
         raise FtplanError(f"rehearse runs one GPU; this plan uses {setting.world_size} (rehearse it on its cluster "
                           "with your launcher)")
@@ -110,6 +113,9 @@ def _check_plan_numbers(path: Path, numbers: dict) -> None:
         value = numbers[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise FtplanError(f"{path}: {key} must be a positive whole number, got {value!r}")
+    for key in ("micro_batch", "accumulation"):
+        if numbers[key] > MAX_TRIAL_BATCH:
+            raise FtplanError(f"{path}: {key} {numbers[key]} is above {MAX_TRIAL_BATCH}, more than any GPU runs")
     predicted = numbers["predicted"]
     for key in ("seconds_per_step", "peak_reserved_bytes"):
         value = predicted.get(key) if isinstance(predicted, dict) else None
