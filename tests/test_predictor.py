@@ -212,3 +212,22 @@ def test_beyond_a_calibrated_batch_the_bounds_never_fall_so_eta_agrees_with_plan
             for kind in ("mean", "upper"):
                 values = [getattr(getattr(p, field), kind) for p in predictions]
                 assert values == sorted(values), (setting.label(), field, kind)
+
+
+def test_a_shorter_sequence_never_needs_more_than_a_calibrated_longer_one():
+    """The relative's wider bound put an uncalibrated length above the calibrated one after it: Llama-3.2-1B with
+    checkpointing at batch 8, 49.10 GiB reserved at 1,536 tokens against 48.96 at 2,048; a dataset whose longest
+    sample had 2,047 tokens was planned a smaller batch than one of 2,048."""
+    from ftplan.core.paths import calibrations_dir
+    from ftplan.store.records import read_records
+
+    predictor = Predictor.fit(read_records([calibrations_dir()]))
+    for setting in (Setting("llama-3.2-1b", gradient_checkpointing=True, padding="max_length"),
+                    Setting("qwen2.5-0.5b", liger=True)):
+        for batch in (1, 8, 16):
+            lengths = (512, 1024, 1536, 2000, 2047, 2048)
+            predictions = [predictor.predict(setting.with_(seq_len=seq), batch, H200) for seq in lengths]
+            for field in ("peak_allocated", "peak_reserved"):
+                for kind in ("mean", "upper"):
+                    values = [getattr(getattr(p, field), kind) for p in predictions]
+                    assert values == sorted(values), (setting.label(), batch, field, kind, values)
