@@ -177,3 +177,10 @@ def test_calibrate_refuses_a_batch_list_beside_the_full_ladder(capsys, monkeypat
     code, _, err = run_ftplan(["calibrate", "--device", "cpu", "--model", "tiny-llama", "--max-batch", 4,
                                "--batch-sizes", "1,2"], capsys, monkeypatch)
     assert code == 2 and "--batch-sizes runs the batches listed, --max-batch the full ladder: give one" in err, err
+
+
+def test_plan_refuses_lora_ranks_beside_full(capsys, monkeypatch):
+    """--full --lora-ranks 8 planned full fine-tuning and dropped the ranks without a word."""
+    code, _, err = run_ftplan(["plan", "--model", "llama-3.2-1b", "--gpu", "H100", "--dataset-size", 1000, "--full",
+                               "--lora-ranks", "8"], capsys, monkeypatch)
+    assert code == 2 and "full fine-tuning alone leaves them out: give one (--full or --lora-ranks)" in err, err

@@ -22,7 +22,7 @@ def emit(tmp_path, capsys, monkeypatch, *args):
 
 
 def test_a_plan_without_deepspeed_names_no_ds_config(tmp_path, capsys, monkeypatch):
-    folder, _ = emit(tmp_path, capsys, monkeypatch, "--full", "--lora-ranks", "16")
+    folder, _ = emit(tmp_path, capsys, monkeypatch, "--full")
     assert not (folder / DS_CONFIG).exists()
     assert DS_CONFIG not in (folder / README).read_text()
 

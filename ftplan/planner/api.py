@@ -151,6 +151,9 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
     _check_integers(dataset_size=dataset_size, seq_len=seq_len, gpus_per_node=gpus_per_node,
                     **({} if isinstance(gpus, str) else {"gpus": gpus}),
                     **{f"lora_ranks[{i}]": rank for i, rank in enumerate(lora_ranks)})
+    if training == "full" and tuple(lora_ranks) != DEFAULT_LORA_RANKS:  # were dropped without a word
+        raise FtplanError("LoRA ranks choose among LoRA setups, and full fine-tuning alone leaves them out: "
+                          "give one (--full or --lora-ranks)")
     check_alloc_conf(alloc_conf)
     _warn_of_unquantized_experts(model, allow)
     counts = _checked_counts(str(gpus), dataset_size, epochs, dataset)
