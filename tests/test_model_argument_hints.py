@@ -15,6 +15,17 @@ def test_a_hub_id_is_told_ftplan_cannot_download(tmp_path, monkeypatch):
         load_architecture("meta-llama/Meta-Llama-3-8B")
 
 
+@pytest.mark.parametrize("hub_id, shipped", [("meta-llama/Llama-3.2-1B", "llama-3.2-1b"),
+                                             ("Qwen/Qwen2.5-0.5B", "qwen2.5-0.5b"), ("mistralai/Mistral-7B-v0.1", None)])
+def test_a_hub_id_with_a_dot_gets_the_hint_and_the_shipped_architecture_it_names(tmp_path, monkeypatch, hub_id,
+                                                                                  shipped):
+    """The part after the dot was taken for a file suffix: 'Llama-3.2-1B' got no hint at all."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FtplanError, match="Hugging Face Hub id") as raised:
+        load_architecture(hub_id)
+    assert (f"or the shipped '{shipped}'" in str(raised.value)) == (shipped is not None), raised.value
+
+
 def test_a_config_json_larger_than_any_config_is_refused_unread(tmp_path):
     folder = tmp_path / "model"
     folder.mkdir()

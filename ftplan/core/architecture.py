@@ -343,9 +343,9 @@ def _config_path(name_or_path: str) -> tuple[Path, str]:
         return path / "config.json", path.resolve().name
     if path.suffix == ".json" or "/" in name_or_path or os.sep in name_or_path:
         if not path.is_file():
-            hub = "" if path.suffix or path.exists() or name_or_path.count("/") != 1 else (
+            hub = "" if path.suffix == ".json" or path.exists() or name_or_path.count("/") != 1 else (
                 f"; '{name_or_path}' looks like a Hugging Face Hub id: ftplan cannot download, "
-                "so pass a local config.json or the model folder holding it")
+                f"so pass a local config.json or the model folder holding it{_shipped_hint(path.name)}")
             raise FtplanError(f"model config {path} does not exist{hub}")
         return path, path.parent.resolve().name if path.name == "config.json" else path.stem
     if not shipped.is_file():
@@ -354,6 +354,12 @@ def _config_path(name_or_path: str) -> tuple[Path, str]:
         hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(known)}"
         raise FtplanError(f"unknown model '{name_or_path}'{hint} (or pass a path to a config.json or a model folder)")
     return shipped, name_or_path
+
+
+def _shipped_hint(repo_name: str) -> str:
+    """The shipped architecture a Hub repository's name points at (meta-llama/Llama-3.2-1B: llama-3.2-1b)."""
+    close = difflib.get_close_matches(repo_name.lower(), available_architectures(), n=1, cutoff=0.8)
+    return f", or the shipped '{close[0]}'" if close else ""
 
 
 def config_problem(config: object) -> str | None:
