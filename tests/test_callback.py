@@ -303,3 +303,15 @@ def test_the_run_records_the_padding_its_collator_gives_the_batches(tmp_path):
           collator=DataCollatorForSeq2Seq(tokenizer, padding="max_length", max_length=SEQ_LEN))
     [record] = read_records([out])
     assert (record["padding"], record["attention"]) == ("max_length", "sdpa")
+
+
+def test_without_a_cpu_calibration_the_callback_names_the_calibrate_command_of_this_very_run(tmp_path):
+    """It said `ftplan calibrate --device cpu`, which calibrates padding to max_length: a plain Trainer run pads
+    nothing, so the calibration it asked for was never found."""
+    from ftplan.calibration.callback import _predict
+    from ftplan.core.settings import Setting
+
+    setting = Setting("tiny-llama", seq_len=256, precision="fp32", padding="none")
+    message = _predict(setting, 2, "cpu", tmp_path / "none.jsonl", "no-such-machine")
+    assert ("`ftplan calibrate --model tiny-llama --seq-len 256 --device cpu --precision fp32 --padding none`"
+            in message), message

@@ -91,3 +91,16 @@ def test_an_alias_that_is_another_cards_name_is_refused_not_shadowed(tmp_path, c
     path.write_text(f"{ALIASED}\nLab-Card,h100,48,300,900\n")
     code, _out, err = run_ftplan([*PLAN, "--gpu", "h100", "--gpu-specs", path], capsys, monkeypatch)
     assert code == 2 and "Lab-Card's alias 'H100' is the name of another card" in err, err
+
+
+def test_a_plan_for_a_users_own_card_is_emitted_and_rehearsable(tmp_path, capsys, monkeypatch):
+    """rehearse checked plan.json's GPU against the shipped catalog alone: a --gpu-specs card's emitted folder
+    exited 2 ('unknown GPU') after it was written, and rehearse has no --gpu-specs to pass."""
+    path = tmp_path / "specs.csv"
+    path.write_text(f"{ALIASED}\nLab-Card,lab,141,989,4800\n")
+    folder = tmp_path / "emitted"
+    code, _out, err = run_ftplan([*PLAN, "--gpus", "1", "--gpu", "lab", "--gpu-specs", path, "--emit", folder],
+                                 capsys, monkeypatch)
+    assert code == 0, err
+    code, out, err = run_ftplan(["rehearse", folder, "--dry-run"], capsys, monkeypatch)
+    assert code == 0 and "Lab-Card" in out, out + err

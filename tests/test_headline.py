@@ -9,7 +9,8 @@ from ftplan.planner import api
 from ftplan.cli.commands.calibrate import command as calibrate
 from ftplan.core.architecture import run_attention
 from ftplan.core.settings import Setting
-from ftplan.planner.headline import calibrate_command, trial_overhead_seconds, version_lines
+from ftplan.core.recipe import calibrate_command
+from ftplan.planner.headline import trial_overhead_seconds, version_lines
 
 
 def test_a_prior_only_winner_is_said_first_with_the_best_calibrated_alternative_and_its_calibrate_command():

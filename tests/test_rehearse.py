@@ -271,8 +271,10 @@ def test_a_cpu_plan_is_not_sent_to_rehearse_which_points_nowhere(tmp_path, capsy
 @pytest.mark.parametrize("key, value, words", [
     ("micro_batch", 0, "must be a positive"), ("micro_batch", -5, "must be a positive"),
     ("accumulation", 3.5, "must be a positive"), ("predicted", "nan", "must be a positive"),
-    ("micro_batch", 10**9, "is above 1048576"), ("gpu", "Z9000", "unknown GPU 'Z9000'"),
-    ("model", "no-such-model", "no-such-model")])
+    ("micro_batch", 10**9, "is above 1048576"), ("model", "no-such-model", "no-such-model"),
+    ("setting", [], "setting is not a recipe"), ("setting", None, "setting is not a recipe"),
+    ("setting", {}, "setting is not a recipe"), ("model", 5, "setting is not a recipe"),
+    ("lora_targets", "q_proj", "setting is not a recipe"), ("seq_len", 10**12, "past every model's context")])
 def test_plan_numbers_are_checked_even_under_a_rehashed_manifest(tmp_path, capsys, monkeypatch, key, value, words):
     """The manifest is a plain sha256 list: re-hashed after an edit, micro-batch 0 or a NaN prediction reached the
     dry run ('about inf GPU-minutes a run'), exit 0; an unknown GPU or model, or batch 10^9, reached the GPU."""
@@ -282,8 +284,8 @@ def test_plan_numbers_are_checked_even_under_a_rehashed_manifest(tmp_path, capsy
     numbers = json.loads((folder / PLAN_JSON).read_text())
     if key == "predicted":
         numbers["predicted"]["seconds_per_step"] = float(value)
-    elif key == "model":
-        numbers["setting"]["model"] = value
+    elif key in ("model", "lora_targets", "seq_len"):
+        numbers["setting"][key] = value
     else:
         numbers[key] = value
     (folder / PLAN_JSON).write_text(json.dumps(numbers))

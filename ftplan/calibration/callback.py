@@ -44,6 +44,7 @@ from ftplan.calibration.trainer_setting import run_architecture, setting_fields
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import find_gpu, load_catalog
 from ftplan.core.paths import calibrations_dir
+from ftplan.core.recipe import calibrate_command
 from ftplan.evidence.inputs import load_evidence
 from ftplan.evidence.workspace import Workspace
 from ftplan.store.records import append_record, build_record
@@ -386,8 +387,9 @@ def _predict(setting: Setting, micro_batch: int, gpu: str, out: Path, machine_id
         same_state = [setting.with_(optimizer=o) for o in same_state_optimizers(setting.optimizer)]  # AdamW variants
         fit = next((f for s in (setting, *same_state) if (f := fits.lookup(s, "cpu")) is not None), None)
     if fit is None:
-        return (f"training on CPU and this machine has no CPU calibration of {setting.label()} "
-                "(run `ftplan calibrate --device cpu`, or pass FtplanCallback(gpu=...) to see what a card would need)")
+        return (f"training on CPU and this machine has no CPU calibration of {setting.label()} (run "
+                f"`{calibrate_command(setting, on_cpu=True)}`, or pass FtplanCallback(gpu=...) to see what a card "
+                "would need)")
     batches = fit.calibrated_batches(setting.seq_len)
     inside = bool(batches) and batches[0] <= micro_batch <= batches[-1]
     return Prediction(setting, micro_batch, "cpu", fit.peak_allocated(micro_batch, setting.seq_len),

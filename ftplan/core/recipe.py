@@ -9,7 +9,9 @@ implementation, and PYTORCH_CUDA_ALLOC_CONF. No torch here: the planner writes t
 from __future__ import annotations
 
 import re
+import shlex
 
+from ftplan.core.architecture import ALL_LINEAR_TARGETS, cached_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.settings import Setting
 
@@ -155,3 +157,25 @@ ALLOC_CONF_VALUES = {
     "pinned_num_register_threads": (lambda v: v.isdigit() and int(v) in (1, 2, 4, 8, 16, 32, 64, 128),
                                     "a power of 2 up to 128"),
 }
+
+
+def calibrate_command(setting: Setting, on_cpu: bool = False) -> str:
+    """The `ftplan calibrate` line that measures this setting's recipe on the card it runs on (or this CPU)."""
+    default = Setting(model=setting.model)
+    flags = [f"--model {setting.model}", f"--seq-len {setting.seq_len}"] + (["--device cpu"] if on_cpu else [])
+    flags += [f"--zero-stage {setting.zero_stage}"] if setting.zero_stage else []
+    flags += ["--offload on"] if setting.offload_optimizer else []
+    flags += ["--liger on"] if setting.liger else []
+    flags += ["--gradient-checkpointing on"] if setting.gradient_checkpointing else []
+    flags += [f"--lora-rank {setting.lora_rank}"] if setting.lora_rank else []
+    flags += ([f"--lora-targets {','.join(setting.lora_targets)}"]
+              if setting.lora_rank and setting.lora_targets != ALL_LINEAR_TARGETS else [])
+    flags += [f"--quantization {setting.quantization}"] if setting.quantization else []
+    flags += [f"--precision {setting.precision}"] if setting.precision != default.precision else []
+    flags += [f"--optimizer {setting.optimizer}"] if setting.optimizer != default.optimizer else []
+    flags += [f"--padding {setting.padding}"] if setting.padding != "packed" else []
+    flags += [f"--attention {setting.attention}"] if (setting.attention
+                                                      != cached_architecture(setting.model).default_attention) else []
+    flags += [f"--alloc-conf {shlex.quote(setting.alloc_conf)}"] if setting.alloc_conf else []
+    flags += [f"--gpus {setting.world_size}"] if setting.world_size > 1 else []
+    return "ftplan calibrate " + " ".join(flags)

@@ -28,6 +28,7 @@ DEFAULT_SEQ_LEN = 2048  # tokens per sample where none is said (plan, predict, t
 ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
 ZERO_STAGES = (0, 1, 2, 3)
 MAX_TRIAL_BATCH = 2**20  # rows a micro-batch any trial or rehearsal runs: 10^20 built a row list until the timeout
+MAX_TRIAL_SEQ_LEN = 2**24  # tokens a sample, past every model's context
 INTEGER_FIELDS = ("seq_len", "zero_stage", "lora_rank", "gpus", "nodes", "pad_to_multiple_of")
 SWITCH_FIELDS = ("offload_optimizer", "liger", "gradient_checkpointing")  # True or False, never "no" (truthy)
 # "" keeps the frozen base in the compute dtype; "nf4" is QLoRA's 4-bit NormalFloat base with double

@@ -4,12 +4,11 @@ batch so large that the run makes only a few optimizer steps."""
 
 from __future__ import annotations
 
-import shlex
 import statistics
 from collections.abc import Callable, Iterable
 
-from ftplan.core.architecture import ALL_LINEAR_TARGETS, cached_architecture
 from ftplan.core.hardware import CPU, GpuSpec
+from ftplan.core.recipe import calibrate_command
 from ftplan.core.settings import Setting
 from ftplan.core.versions import installed_versions
 from ftplan.models.eta import format_duration
@@ -45,28 +44,6 @@ def best_calibrated(plan: Plan, training: str | None = None) -> SetupPlan | None
         if found is not None:
             return found
     return None
-
-
-def calibrate_command(setting: Setting, on_cpu: bool = False) -> str:
-    """The `ftplan calibrate` line that measures this setting's recipe on the card it runs on (or this CPU)."""
-    default = Setting(model=setting.model)
-    flags = [f"--model {setting.model}", f"--seq-len {setting.seq_len}"] + (["--device cpu"] if on_cpu else [])
-    flags += [f"--zero-stage {setting.zero_stage}"] if setting.zero_stage else []
-    flags += ["--offload on"] if setting.offload_optimizer else []
-    flags += ["--liger on"] if setting.liger else []
-    flags += ["--gradient-checkpointing on"] if setting.gradient_checkpointing else []
-    flags += [f"--lora-rank {setting.lora_rank}"] if setting.lora_rank else []
-    flags += ([f"--lora-targets {','.join(setting.lora_targets)}"]
-              if setting.lora_rank and setting.lora_targets != ALL_LINEAR_TARGETS else [])
-    flags += [f"--quantization {setting.quantization}"] if setting.quantization else []
-    flags += [f"--precision {setting.precision}"] if setting.precision != default.precision else []
-    flags += [f"--optimizer {setting.optimizer}"] if setting.optimizer != default.optimizer else []
-    flags += [f"--padding {setting.padding}"] if setting.padding != "packed" else []
-    flags += [f"--attention {setting.attention}"] if (setting.attention
-                                                      != cached_architecture(setting.model).default_attention) else []
-    flags += [f"--alloc-conf {shlex.quote(setting.alloc_conf)}"] if setting.alloc_conf else []
-    flags += [f"--gpus {setting.world_size}"] if setting.world_size > 1 else []
-    return "ftplan calibrate " + " ".join(flags)
 
 
 def trial_overhead_seconds(records: Iterable[dict]) -> float | None:

@@ -25,8 +25,8 @@ from pathlib import Path
 from ftplan.calibration.launcher import cuda_problem, run_process
 from ftplan.core.errors import FtplanError
 from ftplan.core.architecture import cached_architecture
-from ftplan.core.hardware import CPU, find_gpu
-from ftplan.core.settings import MAX_TRIAL_BATCH, Setting
+from ftplan.core.hardware import CPU
+from ftplan.core.settings import MAX_TRIAL_BATCH, MAX_TRIAL_SEQ_LEN, Setting
 from ftplan.core.units import GIB
 from ftplan.planner.emit import PLAN_JSON, TRAINING_ARGS_PY, edited_run_files, rewrite_rehearsed
 from ftplan.store.records import build_record
@@ -97,13 +97,27 @@ def read_plan(directory: Path) -> dict:
         raise FtplanError(f"{path} lacks {', '.join(absent)}: emit the folder again with this ftplan "
                           "(`ftplan plan ... --emit DIR --force`)")
     _check_plan_numbers(path, numbers)
-    setting = Setting.from_dict(numbers["setting"])
-    find_gpu(str(numbers["gpu"]))  # an edited GPU or model name fails here in one line, not in the run on the GPU
-    cached_architecture(setting.model)
+    setting = _checked_setting(path, numbers["setting"])
+    cached_architecture(setting.model)  # an edited model name fails here in one line, not in the run on the GPU
     if setting.world_size > 1:
         raise FtplanError(f"rehearse runs one GPU; this plan uses {setting.world_size} (rehearse it on its cluster "
                           "with your launcher)")
     return numbers
+
+
+def _checked_setting(path: Path, fields: object) -> Setting:
+    """The recipe plan.json names, or a one-line error: an edited one ([], null, a model of 5) raised TypeErrors."""
+    try:
+        if not isinstance(fields, dict) or not isinstance(fields.get("lora_targets", []), list):
+            raise TypeError("not an object with a list of lora_targets")
+        setting = Setting.from_dict(fields)
+        if not isinstance(setting.model, str) or not all(isinstance(t, str) for t in setting.lora_targets):
+            raise TypeError("model and lora_targets must be text")
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        raise FtplanError(f"{path}: setting is not a recipe ftplan wrote ({exc})") from None
+    if setting.seq_len > MAX_TRIAL_SEQ_LEN:
+        raise FtplanError(f"{path}: seq_len {setting.seq_len} is above {MAX_TRIAL_SEQ_LEN}, past every model's context")
+    return setting
 
 
 def _check_plan_numbers(path: Path, numbers: dict) -> None:

@@ -37,7 +37,7 @@ from ftplan.core.architecture import ALL_LINEAR_TARGETS, load_architecture, run_
 from ftplan.models.bytes_per_param import OPTIMIZER_STATE_BYTES
 from ftplan.core.errors import FtplanError
 from ftplan.core.recipe import check_alloc_conf
-from ftplan.core.settings import ATTENTIONS, MAX_TRIAL_BATCH, PRECISIONS, Setting
+from ftplan.core.settings import ATTENTIONS, MAX_TRIAL_BATCH, MAX_TRIAL_SEQ_LEN, PRECISIONS, Setting
 from ftplan.core.units import GIB
 from ftplan.planner.dataset import CHARS_PER_TOKEN, load_lengths
 from ftplan.planner.dataset_plan import calibration_length
@@ -67,8 +67,7 @@ def _switch(value: str) -> tuple[bool, ...]:
 
 
 # Beyond what any trial can mean: 10^20 built a row list (or a step loop) until --timeout, or overflowed in torch
-# (MAX_TRIAL_BATCH, rows a micro-batch, in core.settings: a rehearsal's plan.json is held to it too).
-MAX_TRIAL_SEQ_LEN = 2**24  # tokens a sample, past every model's context
+# (MAX_TRIAL_BATCH and MAX_TRIAL_SEQ_LEN are in core.settings: a rehearsal's plan.json is held to them too).
 MAX_TRIAL_STEPS = 10_000  # measured or warm-up steps
 MAX_TRIAL_GPUS = 1024  # ranks on this one machine
 
