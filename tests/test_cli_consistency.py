@@ -53,6 +53,10 @@ def test_fit_never_replaces_a_file_unasked_nor_the_records_it_reads(tmp_path, ca
         code, _, err = run_ftplan(["fit", source, "--out", out, "--force"], capsys, monkeypatch)
         assert code == 2 and "records file this fit reads" in err, err
     assert records.read_text() == kept
+    other = tmp_path / "other.jsonl"  # records this fit does not read: --force still keeps them
+    other.write_text(kept)
+    code, _, err = run_ftplan(["fit", records, "--out", other, "--force"], capsys, monkeypatch)
+    assert code == 2 and "holds calibration records; fits never replace them" in err and other.read_text() == kept
     code, _, err = run_ftplan(["fit", records, "--out", tmp_path / "notes.json", "--force"], capsys, monkeypatch)
     assert code == 0 and "fits" in json.loads((tmp_path / "notes.json").read_text())
 

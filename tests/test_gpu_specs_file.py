@@ -104,3 +104,17 @@ def test_a_plan_for_a_users_own_card_is_emitted_and_rehearsable(tmp_path, capsys
     assert code == 0, err
     code, out, err = run_ftplan(["rehearse", folder, "--dry-run"], capsys, monkeypatch)
     assert code == 0 and "Lab-Card" in out, out + err
+
+
+def test_rows_are_matched_as_names_are_looked_up(tmp_path):
+    """'nvidia H100' hid beside the shipped H100 and --gpu H100 took whichever came last; a user's 'CPU' row lost to
+    the host's; an alias two rows shared meant the last of them."""
+    path = tmp_path / "specs.csv"
+    path.write_text(f"{ALIASED}\nnvidia H100,,10,500,2000\nCPU,,1,1,1\n")
+    catalog = load_catalog(path)
+    assert "H100" not in catalog and find_gpu("H100", catalog).memory_gib == 10
+    assert find_gpu("h100-sxm", catalog).memory_gib == 10  # the replaced card's shipped alias
+    assert find_gpu("cpu", catalog).memory_gib == 1 and [n for n in catalog if n.lower() == "cpu"] == ["CPU"]
+    path.write_text(f"{ALIASED}\nMyCard,foo;bar,48,300,900\nOther,FOO,50,300,900\n")
+    with pytest.raises(FtplanError, match="alias 'foo' names both MyCard and Other"):
+        load_catalog(path)

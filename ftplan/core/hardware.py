@@ -66,7 +66,7 @@ class GpuSpec:
 
 def _normalise(name: str) -> str:
     """Case, separators and the vendor prefix dropped: torch names a card 'NVIDIA H100 80GB HBM3', a user 'h100'."""
-    return name.lower().replace("_", "-").replace(" ", "-").removeprefix("nvidia-")
+    return name.strip().lower().replace("_", "-").replace(" ", "-").removeprefix("nvidia-")
 
 
 CPU = "cpu"  # the device name CPU calibration records carry (ftplan.calibration.measure.gpu_identity)
@@ -115,12 +115,12 @@ def load_catalog(extra_specs: Path | None = None) -> dict[str, GpuSpec]:
             spec = GpuSpec(**{k: row[k] for k in GpuSpec.__dataclass_fields__ if row.get(k) is not None})
             # a user's 'h200' row replaces the shipped H200 (names are matched in any case), not hides beside it;
             # without aliases of its own it keeps the names the shipped row answered to
-            for name in [n for n in catalog if n.lower() == spec.name.lower()]:
+            for name in [n for n in catalog if _normalise(n) == _normalise(spec.name)]:
                 shipped = catalog.pop(name)
                 spec = replace(spec, aliases=spec.aliases or shipped.aliases)
             catalog[spec.name] = spec
     cpu = host_cpu_spec()
-    if cpu is not None and CPU not in catalog:  # a user's own 'cpu' row wins
+    if cpu is not None and not any(_normalise(name) == CPU for name in catalog):  # a user's own 'CPU' row wins
         catalog[CPU] = cpu
     _refuse_aliases_naming_cards(catalog, extra_specs)
     return catalog
@@ -147,10 +147,15 @@ def _read_specs(path: Path) -> list[dict]:
         raise FtplanError(f"GPU specs {path} lack column(s) {', '.join(missing)}")
     if any(not row["name"].strip() for row in rows):
         raise FtplanError(f"GPU specs {path}: every row needs a name")
-    names = [row["name"].strip().lower() for row in rows]
+    names = [_normalise(row["name"].strip()) for row in rows]
     repeated = next((row["name"] for row, name in zip(rows, names) if names.count(name) > 1), None)
     if repeated is not None:  # which of two rows of one card counts would be a guess
         raise FtplanError(f"GPU specs {path}: {repeated} has more than one row")
+    owners: dict[str, str] = {}
+    for row in rows:  # likewise which of two rows an alias they share means
+        for alias in {_normalise(a) for a in (row.get("aliases") or "").split(";") if a.strip()}:
+            if owners.setdefault(alias, row["name"]) != row["name"]:
+                raise FtplanError(f"GPU specs {path}: alias '{alias}' names both {owners[alias]} and {row['name']}")
     for column in (*COLUMNS[1:], *(c for c in OPTIONAL_NUMBER_COLUMNS if c in header)):
         for row in rows:
             row[column] = _spec_number(path, column, row[column])

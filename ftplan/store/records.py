@@ -141,6 +141,19 @@ def open_store(path: Path) -> int:
     return fd
 
 
+def holds_records(path: Path) -> bool:
+    """Whether a regular file holds ftplan records among its first lines: measurements no output may replace."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        status = os.fstat(fd)
+        return stat.S_ISREG(status.st_mode) and status.st_size > 0 and _holds_records(fd)
+    finally:
+        os.close(fd)
+
+
 def _holds_records(fd: int, lines: int = 5) -> bool:
     """Whether a file is empty or one of its first non-blank lines is a record of any kind (it has a schema
     version): a record torn by a kill may come first, a user's dataset never has one."""

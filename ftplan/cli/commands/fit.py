@@ -13,7 +13,7 @@ from ftplan.core.errors import FtplanError
 from ftplan.core.units import GIB
 from ftplan.models.fitset import FitSet, fit_records
 from ftplan.evidence.inputs import default_calibrations
-from ftplan.store.records import read_records, record_files
+from ftplan.store.records import holds_records, read_records, record_files
 
 
 @click.command("fit")
@@ -41,12 +41,14 @@ def command(records: tuple[Path, ...], out: Path, force: bool) -> None:
 
 def refuse_out(out: Path, inputs, force: bool) -> None:
     """Nothing a user wrote is replaced unasked: an existing --out needs --force, a symlink is never written
-    through, and a records file being read is never the output (`fit cal.jsonl --out cal.jsonl` erased it)."""
+    through, and no records file is ever the output (`fit cal.jsonl --out cal.jsonl` erased it)."""
     if out.is_symlink():
         raise FtplanError(f"{out} is a symlink; write the fits to a real file")
     if out.exists() and any(file.exists() and os.path.samefile(file, out) for file in record_files(inputs)):
         # by identity: a hard link or a folder's symlink to a records file is that file
         raise FtplanError(f"{out} is a calibration records file this fit reads; choose another --out")
+    if holds_records(out):  # --force replaces fits, never measurements (an unread records file was erased)
+        raise FtplanError(f"{out} holds calibration records; fits never replace them: choose another --out")
     if out.exists() and not force:
         raise FtplanError(f"{out} exists; pass --force to replace it, or choose another --out")
 
