@@ -214,10 +214,30 @@ def test_beyond_a_calibrated_batch_the_bounds_never_fall_so_eta_agrees_with_plan
                 assert values == sorted(values), (setting.label(), field, kind)
 
 
+def test_at_a_length_never_calibrated_memory_and_time_still_grow_with_the_batch():
+    """Llama-3.2-3B + Liger + checkpointing at 2,049 tokens: 61.42 GiB reserved (bound 75.34) at batch 1, 60.39
+    (74.07) at batch 2, so eta called batch 2 safe where 1 was not; Llama-3.2-1B ZeRO-3 at 64 tokens: 0.106 s a
+    step at batch 1, 0.071 at batch 4."""
+    from ftplan.core.paths import calibrations_dir
+    from ftplan.store.records import read_records
+
+    predictor = Predictor.fit(read_records([calibrations_dir()]))
+    for setting in (Setting("llama-3.2-3b", liger=True, gradient_checkpointing=True, seq_len=2049),
+                    Setting("llama-3.2-3b", liger=True, gradient_checkpointing=True, seq_len=1024),
+                    Setting("llama-3.2-1b", zero_stage=3, seq_len=64),
+                    Setting("llama-3.2-1b", liger=True, gradient_checkpointing=True, seq_len=64)):
+        predictions = [predictor.predict(setting, b, H200) for b in (1, 2, 3, 4)]
+        for field in ("peak_allocated", "peak_reserved", "seconds_per_step"):
+            values = [getattr(p, field).mean for p in predictions]
+            assert values == sorted(values), (setting.label(), field, values)
+            bounds = [getattr(p, field).upper for p in predictions]
+            assert bounds == sorted(bounds), (setting.label(), field, bounds)
+
+
 def test_a_shorter_sequence_never_needs_more_than_a_calibrated_longer_one():
     """The relative's wider bound put an uncalibrated length above the calibrated one after it: Llama-3.2-1B with
     checkpointing at batch 8, 49.10 GiB reserved at 1,536 tokens against 48.96 at 2,048; a dataset whose longest
-    sample had 2,047 tokens was planned a smaller batch than one of 2,048."""
+    sample had 2,047 tokens was planned a smaller batch than one of 2,048; and 2,049 tokens came out below 2,048."""
     from ftplan.core.paths import calibrations_dir
     from ftplan.store.records import read_records
 
@@ -225,7 +245,7 @@ def test_a_shorter_sequence_never_needs_more_than_a_calibrated_longer_one():
     for setting in (Setting("llama-3.2-1b", gradient_checkpointing=True, padding="max_length"),
                     Setting("qwen2.5-0.5b", liger=True)):
         for batch in (1, 8, 16):
-            lengths = (512, 1024, 1536, 2000, 2047, 2048)
+            lengths = (512, 1024, 1536, 2000, 2047, 2048, 2049, 3000)
             predictions = [predictor.predict(setting.with_(seq_len=seq), batch, H200) for seq in lengths]
             for field in ("peak_allocated", "peak_reserved"):
                 for kind in ("mean", "upper"):

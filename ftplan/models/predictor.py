@@ -204,23 +204,8 @@ class Predictor:
                 allocated = _widened(allocated, constants.memory_margin)
                 reserved = _widened(reserved, constants.fragmentation_of(setting)[1])
             seconds = _widened(seconds, constants.time_margin)
-        # a shorter sequence never needs more than a calibrated longer one at this batch: the relative's wider bound
-        # put 1,536 tokens above 2,048 (Llama-3.2-1B with checkpointing, batch 8: 49.10 against 48.96 GiB), and a
-        # dataset whose longest sample was 2,047 tokens got a smaller batch than one of 2,048
-        lengths = fit.seq_lens
-        longer = [length for length in lengths if length > seq]
-        if longer and seq not in lengths:
-            cap = self.predict(setting.with_(seq_len=longer[0]), batch, gpu)
-            allocated = _at_most(allocated, cap.peak_allocated)
-            reserved = _at_most(reserved, cap.peak_reserved)
-        # a larger batch never needs less than a smaller calibrated one: beyond a measured batch whose own bound
-        # is wide (its overhead measured high), the fit's next line came out lower, so eta called batch 33 safe
-        # where 32 was not (Llama-3.2-1B with checkpointing on the H200, bounds 137.24 then 135.56 GiB)
-        below = [c for c in calibrated if c < batch]
-        if below:  # its own prediction already holds every smaller calibrated batch's
-            smaller = self.predict(setting, below[-1], gpu)
-            allocated = _at_least(allocated, smaller.peak_allocated)
-            reserved = _at_least(reserved, smaller.peak_reserved)
+        # Memory and time never fall as the batch or the length grows (`_monotone` says where they would have).
+        allocated, reserved, seconds = self._monotone(setting, batch, gpu, fit, (allocated, reserved, seconds))
         reserved = _holding(reserved, allocated)
         wall = fit.observed_limit(seq) if exact else None  # a wall belongs to one card and one setting
         source = (SOURCE_MEASURED if exact and inside and batch in calibrated else SOURCE_INTERPOLATED if inside
@@ -228,6 +213,34 @@ class Predictor:
         return Prediction(setting, batch, gpu.name, allocated, reserved, seconds, source, wall_batch=wall,
                           measured_healthy=fit.measured_healthy(seq) if exact else (), notes=tuple(notes),
                           extrapolation=fit.allocated.extrapolation(memory_batch, fit_seq), update_seconds=update)
+
+    def _monotone(self, setting: Setting, batch: int, gpu: GpuSpec, fit,
+                  estimates: tuple[Estimate, Estimate, Estimate]) -> tuple[Estimate, Estimate, Estimate]:
+        """(allocated, reserved, seconds) held between their neighbours on the calibrated grid.
+
+        At a length between calibrated ones the relative's wider bound put 1,536 tokens above 2,048 (Llama-3.2-1B
+        with checkpointing, batch 8: 49.10 against 48.96 GiB reserved) and 2,049 below 2,048; and beyond a
+        calibrated batch the fit's next line came out lower, so eta called batch 33 safe where 32 was not
+        (bounds 137.24 then 135.56 GiB). So: at most the next longer calibrated length's, at least the next
+        shorter one's, and at least the largest smaller calibrated batch's (of this length's ladder, else of the
+        nearest calibrated length's), each of which already holds its own neighbours.
+        """
+        seq, lengths = setting.seq_len, fit.seq_lens
+        neighbours: list[tuple[Prediction, bool]] = []
+        if seq not in lengths:
+            longer = [length for length in lengths if length > seq]
+            shorter = [length for length in lengths if length < seq]
+            neighbours += [(self.predict(setting.with_(seq_len=longer[0]), batch, gpu), False)] if longer else []
+            neighbours += [(self.predict(setting.with_(seq_len=shorter[-1]), batch, gpu), True)] if shorter else []
+        ladder = fit.calibrated_batches(seq) or fit.calibrated_batches(min(lengths, key=lambda s: abs(s - seq)))
+        below = [c for c in ladder if c < batch]
+        neighbours += [(self.predict(setting, below[-1], gpu), True)] if below else []
+        held = list(estimates)
+        for neighbour, is_floor in neighbours:
+            bound = _at_least if is_floor else _at_most
+            held = [bound(estimate, other) for estimate, other in zip(held, (
+                neighbour.peak_allocated, neighbour.peak_reserved, neighbour.seconds_per_step))]
+        return held[0], held[1], held[2]
 
     def _from_prior(self, setting: Setting, batch: int, gpu: GpuSpec, prior: PriorEstimate,
                     constants: PriorConstants) -> Prediction:
