@@ -179,8 +179,15 @@ def test_calibrate_refuses_a_batch_list_beside_the_full_ladder(capsys, monkeypat
     assert code == 2 and "--batch-sizes runs the batches listed, --max-batch the full ladder: give one" in err, err
 
 
-def test_plan_refuses_lora_ranks_beside_full(capsys, monkeypatch):
-    """--full --lora-ranks 8 planned full fine-tuning and dropped the ranks without a word."""
-    code, _, err = run_ftplan(["plan", "--model", "llama-3.2-1b", "--gpu", "H100", "--dataset-size", 1000, "--full",
-                               "--lora-ranks", "8"], capsys, monkeypatch)
-    assert code == 2 and "full fine-tuning alone leaves them out: give one (--full or --lora-ranks)" in err, err
+@pytest.mark.parametrize("flags, words", [
+    (["--full", "--lora-ranks", "8"], "full fine-tuning alone leaves them out: give one (--full or --lora-ranks)"),
+    (["--full", "--lora-ranks", "16,64"], "full fine-tuning alone leaves them out"),  # the default's ranks, given
+    (["--full", "--allow", "qlora"], "full fine-tuning alone leaves it out: give one (--full or --allow qlora)"),
+    (["--lora", "--allow", "qlora", "--precision", "fp32"], "precision fp32 leaves it out"),
+])
+def test_plan_refuses_options_it_would_drop(capsys, monkeypatch, flags, words):
+    """Each was planned without the option and without a word: full fine-tuning and no ranks or QLoRA rows,
+    or LoRA without QLoRA."""
+    code, _, err = run_ftplan(["plan", "--model", "llama-3.2-1b", "--gpu", "H100", "--dataset-size", 1000, *flags],
+                              capsys, monkeypatch)
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err

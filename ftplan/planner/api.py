@@ -111,7 +111,7 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
          gpus: int | str = 1, gpus_per_node: int = DEFAULT_GPUS_PER_NODE, step_time_cv: float | None = None,
          intra_node_bandwidth: str | None = None, inter_node_bandwidth: str | None = None,
          price_per_hour: float | None = None, max_hours: float | None = None, by: str = "time",
-         training: str = "any", lora_ranks: Sequence[int] = DEFAULT_LORA_RANKS, precision: str | None = None,
+         training: str = "any", lora_ranks: Sequence[int] | None = None, precision: str | None = None,
          safety_margin: float | None = None, context_reserve_gib: float = 0.0, host_memory_gib: float | None = None,
          calibrations: Sequence[Path | str] = (), gpu_specs: Path | str | None = None,
          dataset: Path | str | None = None, dataset_options: DatasetOptions | None = None,
@@ -147,13 +147,12 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
                    safety_margin=safety_margin, context_reserve_gib=context_reserve_gib,
                    host_memory_gib=host_memory_gib, chars_per_token=chars_per_token)
     _check_finite(price_per_hour=price_per_hour, max_hours=max_hours, context_reserve_gib=context_reserve_gib)
+    _refuse_contradictions(training, lora_ranks, allow, precision)
+    lora_ranks = DEFAULT_LORA_RANKS if lora_ranks is None else lora_ranks
     _check_lists(lora_ranks=lora_ranks, allow=allow)
     _check_integers(dataset_size=dataset_size, seq_len=seq_len, gpus_per_node=gpus_per_node,
                     **({} if isinstance(gpus, str) else {"gpus": gpus}),
                     **{f"lora_ranks[{i}]": rank for i, rank in enumerate(lora_ranks)})
-    if training == "full" and tuple(lora_ranks) != DEFAULT_LORA_RANKS:  # were dropped without a word
-        raise FtplanError("LoRA ranks choose among LoRA setups, and full fine-tuning alone leaves them out: "
-                          "give one (--full or --lora-ranks)")
     check_alloc_conf(alloc_conf)
     _warn_of_unquantized_experts(model, allow)
     counts = _checked_counts(str(gpus), dataset_size, epochs, dataset)
@@ -333,6 +332,22 @@ def _check_dataset_arguments(dataset: object, dataset_size: object, **reading: o
         raise FtplanError(f"{', '.join(given)} {'reads' if len(given) == 1 else 'read'} a dataset: give dataset= too")
     if dataset is not None and dataset_size is not None:
         raise FtplanError("dataset_size is the sample count without a dataset; with one, its rows are counted")
+
+
+def _refuse_contradictions(training: str, lora_ranks: Sequence[int] | None, allow: Sequence[str],
+                           precision: str | None) -> None:
+    """Options the plan would drop without a word: LoRA ranks or QLoRA beside full fine-tuning alone, QLoRA
+    beside a precision it does not train in (its base is 4-bit, its compute bf16 or fp16)."""
+    if training == "full" and lora_ranks is not None:
+        raise FtplanError("LoRA ranks choose among LoRA setups, and full fine-tuning alone leaves them out: "
+                          "give one (--full or --lora-ranks)")
+    qlora = isinstance(allow, (list, tuple)) and "qlora" in allow
+    if qlora and training == "full":
+        raise FtplanError("QLoRA is LoRA on a 4-bit base, and full fine-tuning alone leaves it out: "
+                          "give one (--full or --allow qlora)")
+    if qlora and precision not in (None, "bf16", "fp16"):
+        raise FtplanError(f"QLoRA computes in bf16 or fp16 mixed precision, and precision {precision} leaves it out: "
+                          "give one (--precision or --allow qlora)")
 
 
 def _check_lists(**values: object) -> None:

@@ -148,7 +148,8 @@ def command(model: str, dataset_size: int, epochs: float, seq_len: int, gpu_name
                           gpus_per_node=gpus_per_node, step_time_cv=step_time_cv, intra_node_bandwidth=intra_node_bandwidth,
                           inter_node_bandwidth=inter_node_bandwidth, price_per_hour=price_per_hour, max_hours=max_hours,
                           by=by, training=click.get_current_context().meta.get(TRAINING, "any"),
-                          lora_ranks=lora_ranks, precision=precision,
+                          lora_ranks=None if ctx.get_parameter_source("lora_ranks") == ParameterSource.DEFAULT
+                          else lora_ranks, precision=precision,
                           safety_margin=safety_margin, context_reserve_gib=context_reserve_gib,
                           host_memory_gib=host_memory_gib, calibrations=calibrations, gpu_specs=gpu_specs,
                           dataset=dataset, dataset_options=options, text_field=text_field, ids_field=ids_field,
