@@ -89,6 +89,17 @@ def test_each_side_of_the_side_by_side_is_what_that_kind_alone_recommends(capsys
         assert options[kind] == _json([*base, f"--{kind}"], capsys, monkeypatch)["recommendation"]["label"], kind
 
 
+def test_the_reason_naming_the_best_of_the_other_kind_names_the_side_by_sides_choice(capsys, monkeypatch):
+    """'Best LoRA setup: zero2+offload liger lora16' (the fastest) stood beside best_by_training's 'ddp liger
+    lora16' (the better-measured near tie) in one --json document."""
+    for base in (["plan", "--model", "gemma-3-1b", "--dataset-size", 50000, "--gpu", "A100-80GB"],
+                 ["plan", "--model", "llama-3.2-1b", "--dataset-size", 20000, "--gpu", "H200", "--seq-len", 4096]):
+        plan = _json(base, capsys, monkeypatch)
+        other = next(o for o in plan["best_by_training"] if o["training"] != plan["recommendation"]["training"])
+        named = [r for r in plan["reasons"] if " setup: " in r]
+        assert named and f" setup: {other['setup']['label']}, batch {other['setup']['largest_safe_batch']}," in named[0]
+
+
 def test_full_asks_only_about_full_fine_tuning(capsys, monkeypatch):
     out = _plan([*PLAN_8B, "--full"], capsys, monkeypatch)
     plan = _json([*PLAN_8B, "--full"], capsys, monkeypatch)

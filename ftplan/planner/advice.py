@@ -98,7 +98,7 @@ def _training_note(plan: Plan, rec: SetupPlan) -> str:
     """Full fine-tuning and LoRA are different trainings: say what LoRA trades, and name the best of the other."""
     arch = load_architecture(plan.request.base.model)
     other_kind = "full" if rec.training == "lora" else "lora"
-    other = next((s for s in plan.ranked if s.training == other_kind), None)
+    other = plan.best_of(other_kind)  # the choice best_by_training shows, not merely the fastest of the kind
     if rec.training == "lora":
         trainable = arch.lora_params(rec.setting.lora_rank, rec.setting.lora_targets)
         note = (f"LoRA r={rec.setting.lora_rank} trains {trainable:,} of {arch.params_total:,} parameters "
