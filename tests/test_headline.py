@@ -111,3 +111,10 @@ def test_an_extrapolated_cpu_plan_is_confirmed_by_running_train_py_not_by_rehear
     assert result.recommendation.best.source == "extrapolated"
     (line,) = [w for w in result.to_dict()["warnings"] if "beyond what was calibrated" in w]
     assert "run the emitted train.py" in line and "rehearse" not in line
+
+
+def test_a_multi_node_setups_calibrate_command_runs_on_one_node():
+    """`--gpus 128` was offered for a 16 x 8 plan, and `--gpus 9` for 3 x 3: calibrate runs on one host."""
+    command = calibrate_command(Setting("llama-3.2-1b", gpus=8, nodes=16))
+    assert command.endswith("--gpus 8") and "--gpus 128" not in command
+    assert "--gpus" not in calibrate_command(Setting("llama-3.2-1b", gpus=1, nodes=3))

@@ -160,7 +160,8 @@ ALLOC_CONF_VALUES = {
 
 
 def calibrate_command(setting: Setting, on_cpu: bool = False) -> str:
-    """The `ftplan calibrate` line that measures this setting's recipe on the card it runs on (or this CPU)."""
+    """The `ftplan calibrate` line that measures this setting's recipe on the card it runs on (or this CPU), on
+    one node of its GPUs."""
     default = Setting(model=setting.model)
     flags = [f"--model {setting.model}", f"--seq-len {setting.seq_len}"] + (["--device cpu"] if on_cpu else [])
     flags += [f"--zero-stage {setting.zero_stage}"] if setting.zero_stage else []
@@ -177,5 +178,6 @@ def calibrate_command(setting: Setting, on_cpu: bool = False) -> str:
     flags += [f"--attention {setting.attention}"] if (setting.attention
                                                       != cached_architecture(setting.model).default_attention) else []
     flags += [f"--alloc-conf {shlex.quote(setting.alloc_conf)}"] if setting.alloc_conf else []
-    flags += [f"--gpus {setting.world_size}"] if setting.world_size > 1 else []
+    # one node's GPUs: calibrate runs on one host, and plans model the link between nodes
+    flags += [f"--gpus {setting.gpus}"] if setting.gpus > 1 else []
     return "ftplan calibrate " + " ".join(flags)

@@ -61,13 +61,15 @@ def calibration_seconds(setup: SetupPlan, records: list[dict]) -> tuple[float, f
     overhead = trial_overhead_seconds(same_model) or trial_overhead_seconds(records)
     if overhead is None:
         return None
-    per_sample = setup.eta.seconds_per_step / setup.batch  # step time grows about linearly with the batch
+    # at the length calibrate runs (the setting's, a dataset's longest), not the ETA's mean padded batch: a
+    # long-tailed dataset's 181,361 tokens priced at its mean length said 1-2 GPU-minutes for 72-second steps
+    per_sample = setup.best.seconds_per_step.mean / setup.batch  # step time grows about linearly with the batch
 
     def trial(batch: int) -> float:
         return overhead + (UNTIMED_STEPS + DEFAULT_MEASURED_STEPS) * per_sample * batch
 
     ladder = sum(trial(b) for b in DEFAULT_TRIAL_BATCHES)
-    gpus = setup.setting.world_size
+    gpus = setup.setting.gpus  # one node, as calibrate_command runs it
     return (ladder + trial(setup.batch)) * gpus, (ladder + MAX_VERIFY_TRIALS * trial(setup.batch)) * gpus
 
 
@@ -92,7 +94,9 @@ def prior_winner_lines(plan: Plan, records: list[dict]) -> list[str]:
     on_cpu = card == CPU
     took = (f", about {_minutes(*seconds)} {'CPU' if on_cpu else 'GPU'}-minutes ({len(DEFAULT_TRIAL_BATCHES) + 1}-"
             f"{len(DEFAULT_TRIAL_BATCHES) + MAX_VERIFY_TRIALS} trials)" if seconds else "")
-    lines.append(f"to measure it, run on the {plan.request.gpu.name}: `{calibrate_command(rec.setting, on_cpu)}`{took}"
+    where = (f"one node of {rec.setting.gpus} {plan.request.gpu.name}" if rec.setting.nodes > 1
+             else f"the {plan.request.gpu.name}")
+    lines.append(f"to measure it, run on {where}: `{calibrate_command(rec.setting, on_cpu)}`{took}"
                  + ("; packing is not calibrated yet, so this measures padded batches" if rec.setting.padding == "packed"
                     else ""))
     return lines
