@@ -44,3 +44,12 @@ def test_rehearse_and_calibrate_on_a_gpu_without_torch_name_what_to_install(monk
     failed = subprocess.CompletedProcess([], 1, b"", b"Traceback ...\nModuleNotFoundError: No module named 'torch'\n")
     monkeypatch.setattr(launcher.subprocess, "run", lambda *args, **kwargs: failed)
     assert "pip install 'ftplan[calibrate]'" in launcher.cuda_problem()
+
+
+def test_the_callback_without_transformers_names_the_extra(no_torch, monkeypatch):
+    """A bare ModuleNotFoundError traceback from deep in the callback module was all a planner-only install said."""
+    monkeypatch.delitem(sys.modules, "ftplan.calibration.callback", raising=False)
+    import ftplan
+
+    with pytest.raises(ImportError, match=r'needs transformers .*pip install "ftplan\[calibrate\]"'):
+        ftplan.FtplanCallback  # noqa: B018 - the lazy attribute is the import

@@ -118,3 +118,8 @@ def test_rows_are_matched_as_names_are_looked_up(tmp_path):
     path.write_text(f"{ALIASED}\nMyCard,foo;bar,48,300,900\nOther,FOO,50,300,900\n")
     with pytest.raises(FtplanError, match="alias 'foo' names both MyCard and Other"):
         load_catalog(path)
+
+
+def test_a_folder_as_specs_says_so_without_a_descriptor_number(tmp_path, capsys, monkeypatch):
+    code, _out, err = run_ftplan(["gpus", "--gpu-specs", tmp_path], capsys, monkeypatch)
+    assert code == 2 and err.strip() == f"error: cannot read GPU specs {tmp_path}: Is a directory", err

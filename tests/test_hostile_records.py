@@ -135,3 +135,11 @@ def test_a_record_saved_as_latin_1_is_named_as_not_utf8_not_as_torn(tmp_path):
 def _written(path, content: bytes):
     path.write_bytes(content + b"\n")
     return path
+
+
+def test_a_byte_order_mark_an_editor_saved_is_read_past(tmp_path):
+    """The first record of a file saved with a BOM was 'corrupt or truncated', and calibrate re-ran its trial."""
+    path = tmp_path / "c.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + GOOD.encode() + b"\n" + OTHER.encode() + b"\n")
+    records, messages = read_with_warnings(path)
+    assert len(records) == 2 and messages == []

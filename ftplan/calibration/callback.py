@@ -35,7 +35,11 @@ import time
 import warnings
 from pathlib import Path
 
-from transformers import TrainerCallback
+try:
+    from transformers import TrainerCallback
+except ImportError as exc:  # the planner installs without it; the callback runs inside a Trainer, which needs it
+    raise ImportError(f"FtplanCallback runs inside a Hugging Face Trainer and needs transformers ({exc}): install "
+                      'torch for your platform, then pip install "ftplan[calibrate]"') from None
 
 from ftplan.calibration import measure
 from ftplan.calibration.launcher import RankOutcome, TrialOutcome

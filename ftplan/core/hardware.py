@@ -173,7 +173,8 @@ def _csv_table(path: Path) -> tuple[list[str], list[dict[str, str]]]:
             text = handle.read().decode("utf-8-sig")
         lines = [line for line in csv.reader(io.StringIO(text, newline="")) if line]
     except (OSError, ValueError, csv.Error) as exc:  # ValueError: bytes that are not UTF-8
-        raise FtplanError(f"cannot read GPU specs {path}: {exc}") from None
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc  # not "[Errno 21] ...: 3", a descriptor
+        raise FtplanError(f"cannot read GPU specs {path}: {why}") from None
     if not lines:
         raise FtplanError(f"cannot read GPU specs {path}: no header row")
     header = lines[0]

@@ -167,9 +167,15 @@ def _holds_records(fd: int, lines: int = 5) -> bool:
     return not first or any(_is_record_line(line) for line in first)
 
 
+def _text(line: bytes) -> str:
+    """A line as JSON text: UTF-8 (RFC 8259), a byte-order mark an editor saved dropped, the line break cut off
+    first so that a write torn inside a character reads as cut short."""
+    return line.rstrip(b"\r\n").decode("utf-8-sig")
+
+
 def _is_record_line(line: bytes | None) -> bool:
     try:
-        record = json.loads(line) if line is not None else None
+        record = json.loads(_text(line)) if line is not None else None
     except (ValueError, RecursionError):
         return False
     return isinstance(record, dict) and "schema_version" in record
@@ -271,7 +277,7 @@ def _parse(line: bytes | None, kind: str) -> tuple[dict | None, str | None]:
     if not line.strip():
         return None, None
     try:
-        record = json.loads(line.rstrip(b"\r\n").decode())  # UTF-8 (RFC 8259); torn inside a character: cut short
+        record = json.loads(_text(line))
     except RecursionError:
         return None, "JSON nested too deeply; record skipped"
     except UnicodeDecodeError as exc:  # a hand-edited file saved as latin-1 is whole, but not the UTF-8 JSON must be
