@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -191,3 +193,16 @@ def test_plan_refuses_options_it_would_drop(capsys, monkeypatch, flags, words):
     code, _, err = run_ftplan(["plan", "--model", "llama-3.2-1b", "--gpu", "H100", "--dataset-size", 1000, *flags],
                               capsys, monkeypatch)
     assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_long_tail_that_fits_nowhere_is_said_with_its_lengths_and_the_limit_that_would_fit(tmp_path, capsys,
+                                                                                               monkeypatch):
+    """Planned at its longest sample (188,763 tokens) a new user's first `plan --dataset` exited 3 with one line
+    that said nothing of the dataset; the distribution and a --seq-len to try are the way on."""
+    data = tmp_path / "d.jsonl"
+    rows = ["word " * 300] * 99 + ["word " * 400_000]
+    data.write_text("".join(json.dumps({"text": text}) + "\n" for text in rows))
+    code, _, err = run_ftplan(["plan", "--model", "llama-3.2-1b", "--gpu", "H100", "--dataset", data], capsys,
+                              monkeypatch)
+    assert code == 3 and len(err.strip().splitlines()) == 1, err
+    assert re.search(r"the dataset's samples: p50 [\d,]+, .*max [\d,]+ tokens; --seq-len \d+ \(its p99\)", err), err

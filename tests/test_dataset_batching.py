@@ -364,6 +364,6 @@ def test_split_global_batch_accumulates_more_only_for_a_clearly_faster_micro_bat
 def test_a_limit_that_loses_much_of_the_data_is_said_as_a_warning():
     lengths = np.array([100] * 9 + [1000])
     stats = LengthStats.of(lengths)
-    assert not any(line.startswith("attention:") for line in describe_lengths(stats, apply_limit(lengths, 900), "ids"))
+    assert not any(line.startswith("warning:") for line in describe_lengths(stats, apply_limit(lengths, 900), "ids"))
     lines = describe_lengths(stats, apply_limit(lengths, 50), "ids")  # 1,400 of 1,900 tokens cut
-    assert lines[-1].startswith("attention: the limit loses 74% of the dataset's tokens")
+    assert lines[-1].startswith("warning: the limit loses 74% of the dataset's tokens")

@@ -40,7 +40,7 @@ def test_a_packed_plan_loads_its_arguments_from_training_args_py(tmp_path, capsy
 
 def test_the_plans_warnings_are_written_into_the_readme(tmp_path, capsys, monkeypatch):
     folder, printed = emit(tmp_path, capsys, monkeypatch)
-    warned = [line.split(": ", 1)[1] for line in printed.splitlines() if line.startswith(("warning: ", "attention: "))]
+    warned = [line.split(": ", 1)[1] for line in printed.splitlines() if line.startswith("warning: ")]
     text = (folder / README).read_text()
     assert warned and "WARNINGS from the plan:" in text
     assert all(w[:60] in text for w in warned)

@@ -314,7 +314,7 @@ def describe_lengths(stats: LengthStats, limited: LimitedLengths, method: str) -
                      f"({limited.tokens_lost:,} tokens lost; --too-long chooses truncate or drop).")
         lost = limited.tokens_lost / stats.total_tokens
         if lost > MUCH_LOST:
-            lines.append(f"attention: the limit loses {lost:.0%} of the dataset's tokens: the plan trains on the rest; "
+            lines.append(f"warning: the limit loses {lost:.0%} of the dataset's tokens: the plan trains on the rest; "
                          "a longer --seq-len (or --pack-length) keeps more")
     return lines
 
@@ -344,11 +344,27 @@ def plan_dataset_file(predictor: Predictor, request: PlanRequest, path: Path, op
     """`ftplan plan --dataset`: read the lengths, plan with them, and the lines that explain both."""
     read = load_lengths(path, text_field, ids_field, tokenizer,
                         CHARS_PER_TOKEN if chars_per_token is None else chars_per_token)
-    result = plan_from_lengths(predictor, request, read.lengths, options, extra)
+    try:
+        result = plan_from_lengths(predictor, request, read.lengths, options, extra)
+    except DoesNotFit as exc:  # at a long tail's longest sample: say the tail, and the limit that would cut it
+        raise DoesNotFit(f"{exc}; {_shorter_limit_hint(read.lengths, options)}") from None
     lines = describe_lengths(result.stats, result.limited, read.method)
     if result.recommended is not None:
         lines += describe_batching(result.recommended, options.strategy)
     return result, lines
+
+
+def _shorter_limit_hint(lengths: np.ndarray, options: DatasetOptions) -> str:
+    """The dataset's length distribution, and what truncating at its 99th percentile would cost when that is
+    below the limit already given."""
+    stats = LengthStats.of(lengths)
+    p99 = round(stats.percentiles[99])
+    pct = ", ".join(f"p{p} {v:,.0f}" for p, v in stats.percentiles.items())
+    hint = f"the dataset's samples: {pct}, max {stats.max:,} tokens"
+    if options.max_length is not None and p99 >= options.max_length:
+        return hint
+    lost = apply_limit(lengths, p99, "truncate").tokens_lost / stats.total_tokens
+    return f"{hint}; --seq-len {p99} (its p99) truncates the longest 1% and loses {lost:.1%} of its tokens"
 
 
 def calibration_length(read: DatasetLengths, limit: int | None = None,

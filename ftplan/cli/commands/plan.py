@@ -221,7 +221,7 @@ def _print_result(result: api.PlanResult, show_all: bool) -> None:
     console = make_console()
     console.print(result.evidence.describe())
     for line in result.headline:
-        console.print(f"[bold yellow]attention:[/] {line}")
+        console.print(f"[bold yellow]warning:[/] {line}")
     if scaling is not None or (plan is not None and plan.request.base.world_size > 1):
         console.print(result.links_text)
     if scaling is not None:
