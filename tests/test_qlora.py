@@ -65,6 +65,15 @@ def test_plan_offers_qlora_only_when_allowed():
     assert not any(c.setting.quantization for c in plan("llama-3-8b", 1000, "H200").plan.candidates)
 
 
+def test_a_qlora_setup_from_the_prior_says_its_dequantization_is_not_counted():
+    """phi-4 on an H100 recommended 'ddp liger qlora16' from the prior at LoRA's step time, without a word."""
+    from ftplan.planner.api import plan
+
+    result = plan("phi-4", 10000, "H100", allow=("qlora",), training="lora").plan
+    qlora = next(c for c in result.candidates if c.setting.quantization)
+    assert qlora.best.source == "prior" and any("dequantizes each linear" in n for n in qlora.best.notes)
+
+
 def test_qlora_on_a_mixture_of_experts_says_its_experts_stay_unquantized():
     """Its QLoRA setups needed about twice bf16 LoRA's memory with no line saying why."""
     from ftplan.planner.api import plan

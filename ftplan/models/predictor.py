@@ -248,6 +248,9 @@ class Predictor:
         update = prior.optimizer_seconds
         notes = [f"analytic prior, constants from {constants.scope}"
                  + (f" ({constants.n_records} records)" if constants.n_records else "")]
+        if setting.quantization:  # QLoRA's own cost, which only a calibration of it measures
+            notes.append("the prior prices a 4-bit base's step as LoRA's FLOPs: bitsandbytes dequantizes each linear "
+                         "for every matmul, which it does not count, so the step is slower than this")
         if setting.world_size > 1:
             alone, seconds = seconds, self._with_communication(setting, gpu, seconds, prior)
             update += _once_per_update(setting, seconds.mean - alone.mean)
