@@ -89,6 +89,8 @@ def test_report_without_records_to_plot_is_refused(tmp_path, capsys, monkeypatch
     code, _, err = run_ftplan(["report", "--model", "llama-2-7b", "--calibrations", external, "--out", tmp_path],
                               capsys, monkeypatch)
     _assert_one_line_error(code, err, "no calibration records of llama-2-7b")
+    code, _, err = run_ftplan(["report", "--model", "llama-3.2-1", "--out", tmp_path / "r"], capsys, monkeypatch)
+    _assert_one_line_error(code, err, "unknown model 'llama-3.2-1'; did you mean llama-3.2-1b")  # not 'no records'
 
 
 def test_the_installed_console_script_prints_one_line_too():

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from ftplan.cli.commands.input_options import GPU_SPECS_HELP, budget_options, calibrations_option, link_options
+from ftplan.core.architecture import load_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import CPU, load_catalog
 from ftplan.core.settings import Setting
@@ -41,6 +42,8 @@ def command(model: str | None, out: Path, dataset_size: int, epochs: float, gpu_
     from ftplan.models.scaling import parse_gpu_counts
 
     counts = parse_gpu_counts(gpus)
+    if model is not None:
+        load_architecture(model)  # an unknown name is said as such (with close names), not as 'no records of it'
     evidence = load_evidence(calibrations, load_catalog(gpu_specs))
     # a record whose model no longer loads (its config deleted) is left out, as plan leaves it out
     records = [r for r in evidence.records if (model is None or r["model"] == model) and known_terms(r) is not None]
