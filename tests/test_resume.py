@@ -88,7 +88,8 @@ def test_sigkill_mid_trial_loses_nothing_and_the_rerun_runs_only_the_rest(tmp_pa
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
-def test_ctrl_c_or_sigterm_ends_the_running_trials_ranks_and_exits_130(tmp_path, stop):
+def test_ctrl_c_or_sigterm_ends_the_running_trials_ranks_and_exits_as_the_signal_says(tmp_path, stop):
+    """130 after Ctrl-C, 143 after SIGTERM (it said 130 for both), as a shell reports either."""
     out, starts = tmp_path / "c.jsonl", tmp_path / "starts.log"
     proc = start(out, starts, "--gpus", "2", sleep=30)
     deadline = time.monotonic() + 30
@@ -96,7 +97,7 @@ def test_ctrl_c_or_sigterm_ends_the_running_trials_ranks_and_exits_130(tmp_path,
         assert time.monotonic() < deadline
         time.sleep(0.05)
     proc.send_signal(stop)
-    assert proc.wait(timeout=30) == 130
+    assert proc.wait(timeout=30) == 128 + stop
     assert_ranks_gone(starts, within=1)
     assert not out.exists() or out.read_text() == ""  # the interrupted trial leaves no record (it is re-run)
 

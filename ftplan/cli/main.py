@@ -16,10 +16,11 @@ from dataclasses import dataclass
 
 import click
 
-from ftplan.core.errors import EXIT_DOES_NOT_FIT, DoesNotFit, FtplanError
+from ftplan.core.errors import EXIT_DOES_NOT_FIT, DoesNotFit, FtplanError, Terminated
 from ftplan.store.records import printable
 
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED, EXIT_TERMINATED = 128 + 2, 128 + 15  # as a shell reports SIGINT and SIGTERM
 # One plain character for each non-ASCII one the tables and messages use (one for one, so rich's
 # column widths still hold); anything else becomes "?".
 ASCII_FALLBACKS = str.maketrans("\u2026\u00d7\u00b2\u2264\u2265\u2014\u2013\u2212\u00b5\u2192\u00b1\u00b7", ".x2<>---u>~.")
@@ -119,9 +120,9 @@ def _run(argv: list[str] | None, trial_command: tuple[str, ...] | None) -> None:
     except click.UsageError as exc:
         click.echo(_usage_line(exc), err=True)
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as exc:
         click.echo("aborted", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_TERMINATED if isinstance(exc.__cause__, Terminated) else EXIT_INTERRUPTED)
     except click.ClickException as exc:
         click.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
         sys.exit(exc.exit_code)

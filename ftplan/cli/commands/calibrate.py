@@ -35,7 +35,7 @@ from ftplan.cli.commands.options import positive_int_list
 from ftplan.cli.main import Dependencies
 from ftplan.core.architecture import ALL_LINEAR_TARGETS, load_architecture, run_attention
 from ftplan.models.bytes_per_param import OPTIMIZER_STATE_BYTES
-from ftplan.core.errors import FtplanError
+from ftplan.core.errors import FtplanError, Terminated
 from ftplan.core.recipe import check_alloc_conf
 from ftplan.core.settings import ATTENTIONS, MAX_TRIAL_BATCH, MAX_TRIAL_SEQ_LEN, PRECISIONS, Setting
 from ftplan.core.units import GIB
@@ -301,7 +301,7 @@ def _command_line(ctx: click.Context) -> str:
 def _sigterm_as_interrupt():
     """SIGTERM ends the run like Ctrl-C, so the running trial's ranks are ended too, not orphaned."""
     def interrupt(_signum, _frame):
-        raise KeyboardInterrupt
+        raise Terminated
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
