@@ -208,3 +208,11 @@ def test_a_long_tail_that_fits_nowhere_is_said_with_its_lengths_and_the_limit_th
                               monkeypatch)
     assert code == 3 and len(err.strip().splitlines()) == 1, err
     assert re.search(r"the dataset's samples: p50 [\d,]+, .*max [\d,]+ tokens; --seq-len \d+ \(its p99\)", err), err
+
+
+@pytest.mark.parametrize("args", [["calibrate", "--device", "cpu", "--model", "tiny-llama"],
+                                  ["plan", "--model", "tiny-llama", "--gpu", "cpu", "--dataset-size", 100]])
+def test_a_cuda_allocator_setting_on_the_cpu_is_refused(capsys, monkeypatch, args):
+    """It was recorded (and planned, and suggested for calibration) as a setting that changed nothing."""
+    code, _, err = run_ftplan([*args, "--alloc-conf", "expandable_segments:True"], capsys, monkeypatch)
+    assert code == 2 and "sets PyTorch's CUDA allocator; a CPU run has none" in err, err

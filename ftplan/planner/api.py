@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from ftplan.core.architecture import load_architecture, run_attention
 from ftplan.core.errors import FtplanError
+from ftplan.core.hardware import CPU
 from ftplan.core.recipe import check_alloc_conf
 from ftplan.core.settings import DEFAULT_SEQ_LEN, Setting
 from ftplan.core.units import GIB
@@ -161,6 +162,8 @@ def plan(model: str, dataset_size: int | None = None, gpu: str = "H200", *, epoc
     base = Setting(model=model, seq_len=seq_len, padding=_run_padding(padding, dataset, options),
                    attention=run_attention(model, attention), alloc_conf=alloc_conf)
     workspace = Workspace.open(gpu, calibrations, gpu_specs, intra_node_bandwidth, inter_node_bandwidth, step_time_cv)
+    if workspace.card.name == CPU and alloc_conf:
+        raise FtplanError("alloc_conf (--alloc-conf) sets PyTorch's CUDA allocator; a CPU run has none")
     request = PlanRequest(base=base, dataset_size=dataset_size if dataset is None else dataset_size or 1,  # or its rows
                           epochs=epochs, gpu=workspace.card,
                           budget=workspace.budget(safety_margin, context_reserve_gib),

@@ -150,6 +150,8 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
     and re-running the same command skips what is already recorded.
     """
     check_dataset_options(ctx.params)
+    if device == "cpu" and alloc_conf:  # recorded, it would split CPU records by a setting that did nothing
+        raise click.UsageError("--alloc-conf sets PyTorch's CUDA allocator; a CPU run has none")
     console = Console(soft_wrap=True)
     if dataset is not None:
         seq_lens = (dataset_seq_len(dataset, text_field, ids_field, tokenizer, chars_per_token, seq_lens, too_long,
