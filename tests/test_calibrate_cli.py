@@ -204,3 +204,16 @@ def test_a_ladder_whose_step_time_falls_is_warned_about_when_measured(fake_trial
     fake_trial()
     quiet = calibrate(tmp_path / "d.jsonl", "--batch-sizes", "1,2,4", "--no-verify")
     assert quiet.exit_code == 0 and "step time fell" not in quiet.output
+
+
+def test_a_trial_whose_steps_were_far_apart_is_warned_about_when_measured(tmp_path):
+    """A busy CPU's batch-4 steps took 0.25, 1.17, 3.29 and 3.36 s, recorded ok without a word; a plan then
+    extrapolated that trial to 546 s a step at batch 521."""
+    from ftplan.cli.commands.calibrate import noisy_ladders
+    from ftplan.core.settings import Setting
+
+    base = {**Setting("tiny-llama", seq_len=64, precision="fp32").to_dict(), "status": "ok", "setting_key": "k"}
+    busy = {**base, "micro_batch": 4, "seconds_per_step": 2.2, "step_seconds": [0.252, 1.173, 3.285, 3.36]}
+    quiet = {**base, "micro_batch": 2, "seconds_per_step": 0.3, "step_seconds": [0.29, 0.30, 0.31, 0.30]}
+    (line,) = noisy_ladders([quiet, busy], tmp_path / "c.jsonl")
+    assert "batch 4: its steps took 0.25 to 3.36 s, so the host was busy" in line and "delete these records" in line

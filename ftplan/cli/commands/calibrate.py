@@ -54,6 +54,7 @@ CALIBRATED_PADDINGS = ("max_length", "longest", "none")  # packed rows are not c
 DEFAULT_SEQ_LEN = {"cuda": 2048, "cpu": 256}
 DEFAULT_PRECISION = {"cuda": "bf16", "cpu": "fp32"}
 SWITCH = click.Choice(["on", "off", "both"])
+NOISY_STEP_SPREAD = 2.0  # one trial's slowest step over its fastest: a quiet GPU's steps differ by a few percent
 EXIT_NOTHING_MEASURED = 1  # every trial failed: what a script must not take for a calibration
 
 
@@ -185,18 +186,26 @@ def command(ctx: click.Context, models: tuple[str, ...], device: str, out: Path 
 
 
 def noisy_ladders(records: list[dict], out: Path) -> list[str]:
-    """The settings whose new ladder ran faster a step at its largest batch than at its smallest: a busy host's
-    noise, said now, while the GPU (or CPU) is still at hand, rather than first by a later plan."""
+    """The settings whose new ladder ran faster a step at its largest batch than at its smallest, and the trials
+    whose steps were far apart: a busy host's noise, said now, while the GPU (or CPU) is still at hand, rather
+    than by a plan that extrapolates it (a CPU trial of steps 0.25-3.36 s was planned as 546 s at batch 521)."""
     from ftplan.models.fit import time_falls_with_batch, time_ladder
 
     ladders: dict[str, list[dict]] = {}
     for record in records:
         if record["status"] == "ok" and record.get("seconds_per_step"):
             ladders.setdefault(record["setting_key"], []).append(record)
-    return [f"{ladder[0]['model']} {Setting.from_dict(ladder[0]).label()}: step time fell as the batch grew "
-            f"({time_ladder(ladder)}), so the host was busy or the steps too few; to measure again, delete these "
-            f"records from {out} and run the same command (it resumes what is missing)"
-            for ladder in ladders.values() if time_falls_with_batch(ladder)]
+    again = f"to measure again, delete these records from {out} and run the same command (it resumes what is missing)"
+    lines = [f"{ladder[0]['model']} {Setting.from_dict(ladder[0]).label()}: step time fell as the batch grew "
+             f"({time_ladder(ladder)}), so the host was busy or the steps too few; {again}"
+             for ladder in ladders.values() if time_falls_with_batch(ladder)]
+    for ladder in ladders.values():  # one trial's steps far apart: its median stands for neither
+        for record in ladder:
+            steps = [s for s in record.get("step_seconds") or [] if s > 0]
+            if steps and max(steps) > NOISY_STEP_SPREAD * min(steps):
+                lines.append(f"{record['model']} {Setting.from_dict(record).label()} batch {record['micro_batch']}: "
+                             f"its steps took {min(steps):.2f} to {max(steps):.2f} s, so the host was busy; {again}")
+    return lines
 
 
 def _calibration_plan(ctx: click.Context, out: Path | None, device: str, machine: str | None,
