@@ -168,3 +168,17 @@ def test_piped_reasons_are_one_unwrapped_line_each(capsys, monkeypatch):
     out = _plan(args, capsys, monkeypatch, columns=None)
     reasons = _json(args, capsys, monkeypatch)["reasons"]
     assert reasons and all(f"  • {reason}" in out.splitlines() for reason in reasons)
+
+
+def test_the_title_counts_packed_rows_as_rows_and_a_cpus_memory_as_the_hosts(tmp_path, capsys, monkeypatch):
+    """A packed plan said '945 samples' of a 2,013-sample dataset, and a CPU plan 'usable per GPU'."""
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"text": "word " * (20 + i % 300)}) + "\n" for i in range(400)))
+    packed = _plan(["plan", "--model", "qwen2.5-0.5b", "--gpu", "H200", "--dataset", data, "--batching", "pack",
+                    "--seq-len", "1024"], capsys, monkeypatch, columns=400)
+    packed = " ".join(packed.split())  # the table's title wraps at the table's width
+    assert re.search(r"[\d,]+ packed rows × 1 epoch", packed) and "samples × 1 epoch" not in packed
+    cpu = _plan(["plan", "--model", "tiny-llama", "--gpu", "cpu", "--seq-len", 256, "--dataset-size", 100,
+                 "--precision", "fp32"], capsys, monkeypatch, columns=400)
+    cpu = " ".join(cpu.split())
+    assert "GiB usable of this host's RAM" in cpu and "usable per GPU" not in cpu

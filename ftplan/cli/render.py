@@ -79,7 +79,12 @@ def _cost(eta: Eta) -> str:
 
 
 def _samples(request) -> str:
-    return f"{request.dataset_size:,} samples × {request.epochs:g} epoch{'' if request.epochs == 1 else 's'}"
+    rows = "packed rows" if request.base.padding == "packed" else "samples"  # a packed plan counts its rows
+    return f"{request.dataset_size:,} {rows} × {request.epochs:g} epoch{'' if request.epochs == 1 else 's'}"
+
+
+def _per_device(request) -> str:
+    return "of this host's RAM" if request.gpu.name == CPU else "per GPU"
 
 
 def _source_cell(label: str) -> str:
@@ -140,7 +145,7 @@ def _plan_title(plan: Plan, sections: list[list[SetupPlan]], show_all: bool) -> 
     which = (f"every{kind} setup that fits" if show_all else
              f"best of each family, {shown} of {len(plan.candidates)}{kind} setups that fit (--all lists every one)")
     return (f"{request.base.model}, {_samples(request)}, seq {request.base.seq_len}, "
-            f"{request.base.world_size} × {request.gpu.name} ({usable:.1f} GiB usable per GPU): {which}")
+            f"{request.base.world_size} × {request.gpu.name} ({usable:.1f} GiB usable {_per_device(request)}): {which}")
 
 
 def _add_plan_columns(table: Table, priced: bool, offload: bool, host_memory_gib: float | None) -> None:
@@ -373,7 +378,8 @@ def scaling_table(scaling: ScalingPlan, failed: dict[Setting, str]) -> Table:
     request = scaling.request
     priced = request.price_per_gpu_hour is not None
     table = Table(title=f"{request.base.model} on {request.gpu.name}, {_samples(request)}, seq {request.base.seq_len}: "
-                        f"best setup per GPU count ({request.budget.usable_bytes / GIB:.1f} GiB usable per GPU)",
+                        f"best setup per GPU count ({request.budget.usable_bytes / GIB:.1f} GiB usable "
+                        f"{_per_device(request)})",
                   **COMPACT)
     for name in ("GPUs", "best setup", "batch", "GiB/GPU\nbound", "samples\n/s",
                  "speed-\nup", "effic.", "ETA\nh:mm", "cost" if priced else "GPU-h", "evidence"):
