@@ -32,6 +32,14 @@ def test_bad_lines_are_skipped_with_a_warning_naming_each_line(tmp_path):
     assert f"{path}:3: not JSON (a torn or corrupt line); line skipped" in messages
 
 
+def test_a_line_saved_as_latin_1_is_named_as_such_not_as_torn(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes('{"text": "abcd"}\n{"text": "Grüße"}\n'.encode("latin-1"))
+    with pytest.warns(UserWarning) as caught:
+        assert list(load_lengths(path).lengths) == [1]
+    assert f"{path}:2: not UTF-8 text (save the file as UTF-8); line skipped" in [str(w.message) for w in caught]
+
+
 def test_bad_lines_past_the_limit_are_counted_in_one_warning(tmp_path):
     path = jsonl(tmp_path, '{"text": "abcd"}', *["[]"] * (dataset.BAD_LINE_WARNINGS + 5))
     with pytest.warns(UserWarning) as caught:

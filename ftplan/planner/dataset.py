@@ -290,6 +290,8 @@ def _read_jsonl(path: Path) -> pd.DataFrame:
                 problem = None if isinstance(row, dict) else f"a JSON {type(row).__name__}, not an object"
             except RecursionError:
                 problem = "JSON nested too deeply"
+            except UnicodeDecodeError:  # whole, but saved as latin-1 or UTF-16: JSON Lines are UTF-8
+                problem = "not UTF-8 text (save the file as UTF-8)"
             except ValueError:
                 problem = "not JSON (a torn or corrupt line)"
             if problem:
