@@ -52,7 +52,7 @@ class GpuSpec:
     @property
     def alias_names(self) -> list[str]:
         """The other names, normalised, this card's own name left out."""
-        return [a for a in dict.fromkeys(map(_normalise, self.aliases.split(";"))) if a and a != _normalise(self.name)]
+        return [alias for alias in _aliases(self.aliases) if alias != _normalise(self.name)]
 
     def runs_the_kernels_of(self, other: GpuSpec) -> bool:
         """Whether this card runs the kernels `other` ran (the same CUDA compute capability), so that a run's
@@ -62,6 +62,11 @@ class GpuSpec:
     @property
     def memory_bytes(self) -> int:
         return int((self.torch_total_gib or self.memory_gib) * GIB)
+
+
+def _aliases(text: str) -> list[str]:
+    """The names of a specs row's aliases cell (';'-separated), normalised, each once."""
+    return [alias for alias in dict.fromkeys(map(_normalise, text.split(";"))) if alias]
 
 
 def _normalise(name: str) -> str:
@@ -153,7 +158,7 @@ def _read_specs(path: Path) -> list[dict]:
         raise FtplanError(f"GPU specs {path}: {repeated} has more than one row")
     owners: dict[str, str] = {}
     for row in rows:  # likewise which of two rows an alias they share means
-        for alias in {_normalise(a) for a in (row.get("aliases") or "").split(";") if a.strip()}:
+        for alias in _aliases(row.get("aliases") or ""):
             if owners.setdefault(alias, row["name"]) != row["name"]:
                 raise FtplanError(f"GPU specs {path}: alias '{alias}' names both {owners[alias]} and {row['name']}")
     for column in (*COLUMNS[1:], *(c for c in OPTIONAL_NUMBER_COLUMNS if c in header)):

@@ -303,11 +303,14 @@ def plan_from_lengths(predictor: Predictor, request: PlanRequest, lengths: Itera
 MUCH_LOST = 0.10
 
 
+def _percentiles_text(stats: LengthStats) -> str:
+    return ", ".join(f"p{p} {v:,.0f}" for p, v in stats.percentiles.items())
+
+
 def describe_lengths(stats: LengthStats, limited: LimitedLengths, method: str) -> list[str]:
     """The length distribution and what the limit did, as printed before the plan."""
-    pct = ", ".join(f"p{p} {v:,.0f}" for p, v in stats.percentiles.items())
-    lines = [(f"Dataset: {stats.count:,} samples, {stats.total_tokens:,} tokens (mean {stats.mean:,.0f}, {pct}, "
-              f"max {stats.max:,}); tokens counted by {method}.")]
+    lines = [(f"Dataset: {stats.count:,} samples, {stats.total_tokens:,} tokens (mean {stats.mean:,.0f}, "
+              f"{_percentiles_text(stats)}, max {stats.max:,}); tokens counted by {method}.")]
     if limited.over:
         done = "truncated to" if limited.too_long == "truncate" else "dropped, as over"
         lines.append(f"{limited.over:,} samples are longer than {limited.limit:,} tokens: {done} {limited.limit:,} "
@@ -359,8 +362,7 @@ def _shorter_limit_hint(lengths: np.ndarray, options: DatasetOptions) -> str:
     below the limit already given."""
     stats = LengthStats.of(lengths)
     p99 = round(stats.percentiles[99])
-    pct = ", ".join(f"p{p} {v:,.0f}" for p, v in stats.percentiles.items())
-    hint = f"the dataset's samples: {pct}, max {stats.max:,} tokens"
+    hint = f"the dataset's samples: {_percentiles_text(stats)}, max {stats.max:,} tokens"
     if options.max_length is not None and p99 >= options.max_length:
         return hint
     lost = apply_limit(lengths, p99, "truncate").tokens_lost / stats.total_tokens

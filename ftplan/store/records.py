@@ -280,7 +280,7 @@ def _parse(line: bytes | None, kind: str) -> tuple[dict | None, str | None]:
         record = json.loads(_text(line))
     except RecursionError:
         return None, "JSON nested too deeply; record skipped"
-    except UnicodeDecodeError as exc:  # a hand-edited file saved as latin-1 is whole, but not the UTF-8 JSON must be
+    except UnicodeDecodeError as exc:  # a file an editor saved as latin-1 is whole, but not in the UTF-8 JSON needs
         if exc.reason == "unexpected end of data":  # a write torn inside a character
             return None, "corrupt or truncated record skipped"
         return None, "not UTF-8 text (save the file as UTF-8); record skipped"
