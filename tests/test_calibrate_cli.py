@@ -155,8 +155,8 @@ def test_a_real_cpu_calibration_of_the_tiny_model_fits_and_plans_within_its_budg
     assert 1 <= calibrated["largest_safe_batch"] <= 2
 
     predicted = CliRunner().invoke(cli, ["predict", *common, "--precision", "fp32", "--batch-size", "4", "--json"])
-    assert predicted.exit_code == 0, predicted.output
     prediction = json.loads(predicted.stdout)
+    assert not prediction["fits_in_memory"] and predicted.exit_code == 3, predicted.output  # beyond the card's room
     assert prediction["peak_allocated_gib"] == pytest.approx(peaks[2] / 2**30, rel=0.05)
     assert prediction["seconds_per_step"] > 0 and prediction["peak_reserved_gib"] >= prediction["peak_allocated_gib"]
 

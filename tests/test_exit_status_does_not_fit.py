@@ -1,4 +1,4 @@
-""""Does not fit" is an answer, not bad input: plan and eta exit 3 for it (2 stays bad input, 0 a plan that fits),
+""""Does not fit" is an answer, not bad input: plan, eta and predict exit 3 for it (2 stays bad input, 0 a plan that fits),
 so a script can branch on the status."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from tests.helpers import run_ftplan
 
 PLAN = ["plan", "--model", "llama-3.2-1b", "--gpu", "H200", "--dataset-size", "1000000"]
 ETA = ["eta", "--model", "llama-3-8b", "--gpu", "RTX-3090", "--dataset-size", "1000"]
+PREDICT = ["predict", "--model", "llama-3-8b", "--gpu", "RTX-3090"]
 
 
 @pytest.mark.parametrize("args", [
@@ -20,7 +21,10 @@ ETA = ["eta", "--model", "llama-3-8b", "--gpu", "RTX-3090", "--dataset-size", "1
     ["plan", "--model", "llama-3-8b", "--gpu", "RTX-3090", "--dataset-size", "1000", "--seq-len", "32768", "--full"],
     [*ETA, "--batch-size", "64"],
     [*ETA, "--batch-size", "64", "--json"],
-], ids=["plan-max-hours", "plan-max-hours-json", "plan-card-too-small", "eta-not-safe", "eta-not-safe-json"])
+    [*PREDICT, "--batch-size", "64"],
+    [*PREDICT, "--batch-size", "64", "--json"],
+], ids=["plan-max-hours", "plan-max-hours-json", "plan-card-too-small", "eta-not-safe", "eta-not-safe-json",
+        "predict-not-safe", "predict-not-safe-json"])
 def test_nothing_fitting_exits_3_after_saying_why(capsys, monkeypatch, args):
     code, out, err = run_ftplan(args, capsys, monkeypatch)
     assert code == EXIT_DOES_NOT_FIT == 3, err
@@ -31,4 +35,5 @@ def test_nothing_fitting_exits_3_after_saying_why(capsys, monkeypatch, args):
 
 def test_a_plan_that_fits_exits_0_and_bad_input_2(capsys, monkeypatch):
     assert run_ftplan(PLAN, capsys, monkeypatch)[0] == 0
+    assert run_ftplan(["predict", "--model", "llama-3.2-1b", "--batch-size", "1"], capsys, monkeypatch)[0] == 0
     assert run_ftplan([*PLAN, "--epochs", "-1"], capsys, monkeypatch)[0] == 2

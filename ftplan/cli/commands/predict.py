@@ -17,6 +17,7 @@ from ftplan.cli.commands.input_options import budget_options, calibrations_optio
 from ftplan.cli.commands.options import setting_from_options, setting_options, step_time_cv_option
 from ftplan.cli.render import make_console, memory_verdict
 from ftplan.core.architecture import load_architecture
+from ftplan.core.errors import EXIT_DOES_NOT_FIT
 from ftplan.core.hardware import GpuSpec
 from ftplan.core.units import GIB
 from ftplan.models.communication.layout import describe_layout
@@ -61,6 +62,8 @@ def command(batch_size: int, gpu_name: str, gpu_specs: Path | None, intra_node_b
         if setting.world_size > 1:
             console.print(workspace.links_text)
         print_prediction(prediction, gpu, budget, console)
+    if not fits_budget(prediction, budget):
+        raise click.exceptions.Exit(EXIT_DOES_NOT_FIT)  # as `eta` does: a script reads the answer from the status
 
 
 def prediction_to_dict(prediction: Prediction, gpu: GpuSpec, budget: MemoryBudget) -> dict:
