@@ -217,7 +217,8 @@ def _print_terms(plan: Plan, console: Console) -> None:
                   "measured peak of a batch at least as large stays within it. "
                   "Evidence: verified (`ftplan rehearse` ran this emitted folder at that batch), measured (a "
                   "calibration trial of the recipe ran that batch), interpolated, extrapolated ×k (k times the largest "
-                  "calibrated batch, or from another length, card or GPU count) or the prior alone.")
+                  "calibrated batch, or from another length, card or GPU count) or the prior alone. "
+                  "ETA: hours:minutes, rounded up to the minute.")
     if plan.request.price_per_gpu_hour is not None:
         console.print(f"Cost = hours × {plan.request.price_per_gpu_hour:g} per GPU-hour × "
                       f"{plan.request.base.world_size} GPU(s).")
