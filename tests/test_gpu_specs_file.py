@@ -123,3 +123,20 @@ def test_rows_are_matched_as_names_are_looked_up(tmp_path):
 def test_a_folder_as_specs_says_so_without_a_descriptor_number(tmp_path, capsys, monkeypatch):
     code, _out, err = run_ftplan(["gpus", "--gpu-specs", tmp_path], capsys, monkeypatch)
     assert code == 2 and err.strip() == f"error: cannot read GPU specs {tmp_path}: Is a directory", err
+
+
+def test_a_row_without_torch_total_gib_budgets_no_more_than_any_catalog_card_gives_pytorch(tmp_path, capsys,
+                                                                                            monkeypatch):
+    """The catalog's memory_gib is the datasheet's figure (H100 80, H200 141), of which PyTorch gets 91.6-99.1%;
+    a user's row in that convention budgeted the whole figure (a B200 row of 192 planned for 192 GiB, where the
+    card gives PyTorch about 179)."""
+    shipped = [spec for spec in load_catalog().values() if spec.torch_total_gib]
+    least = min(spec.torch_total_gib / spec.memory_gib for spec in shipped)
+    with pytest.warns(UserWarning, match="B200 has no torch_total_gib"):
+        card = find_gpu("B200", load_catalog(specs(tmp_path, "B200,192,2250,8000,,")))
+    assert card.memory_bytes == pytest.approx(192 * least * 2**30, rel=1e-9) and least < 0.95
+    measured = find_gpu("B200", load_catalog(specs(tmp_path, "B200,192,2250,8000,,179.1")))
+    assert measured.memory_bytes == pytest.approx(179.1 * 2**30)  # a measured figure is taken as it is
+    code, out, err = run_ftplan([*PLAN, "--gpu", "B200", "--gpu-specs", specs(tmp_path, "B200,192,2250,8000,,")],
+                                capsys, monkeypatch)
+    assert code == 0 and "torch.cuda.mem_get_info()" in err and f"{192 * least:.1f} GiB (your GPU specs)" in out, err

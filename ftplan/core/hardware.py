@@ -113,7 +113,7 @@ def load_catalog(extra_specs: Path | None = None) -> dict[str, GpuSpec]:
     replace or add cards."""
     tables = [_read_specs(data_dir() / "gpus.csv")]
     if extra_specs is not None:
-        tables.append(_read_specs(Path(extra_specs)))
+        tables.append(_with_torch_capacity(_read_specs(Path(extra_specs)), tables[0], Path(extra_specs)))
     catalog: dict[str, GpuSpec] = {}
     for rows in tables:
         for row in rows:
@@ -129,6 +129,22 @@ def load_catalog(extra_specs: Path | None = None) -> dict[str, GpuSpec]:
         catalog[CPU] = cpu
     _refuse_aliases_naming_cards(catalog, extra_specs)
     return catalog
+
+
+def _with_torch_capacity(rows: list[dict], shipped: list[dict], path: Path) -> list[dict]:
+    """A user's rows, each with the memory PyTorch can fill. Datasheets round up and ECC takes its share (the
+    catalog's cards give PyTorch 91.6-99.1% of their datasheet figure), so a row without torch_total_gib gets
+    the least share any catalog card gives, and a warning saying how to measure it."""
+    ratio, least = min((row["torch_total_gib"] / row["memory_gib"], row["name"]) for row in shipped
+                       if row.get("torch_total_gib"))
+    for row in rows:
+        if row.get("torch_total_gib") is None and _normalise(row["name"]) != CPU:  # a CPU's memory is the host's RAM
+            row["torch_total_gib"] = row["memory_gib"] * ratio
+            warnings.warn(f"GPU specs {path}: {row['name']} has no torch_total_gib, so the memory PyTorch can fill "
+                          f"is taken as {row['torch_total_gib']:.2f} GiB, {ratio:.1%} of its memory_gib "
+                          f"{row['memory_gib']:g} (the least of any catalog card, {least}); put "
+                          "torch.cuda.mem_get_info()[1] / 2**30 of the card there", UserWarning, stacklevel=3)
+    return rows
 
 
 def _refuse_aliases_naming_cards(catalog: dict[str, GpuSpec], extra_specs: Path | None) -> None:
