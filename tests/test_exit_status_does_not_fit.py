@@ -37,3 +37,14 @@ def test_a_plan_that_fits_exits_0_and_bad_input_2(capsys, monkeypatch):
     assert run_ftplan(PLAN, capsys, monkeypatch)[0] == 0
     assert run_ftplan(["predict", "--model", "llama-3.2-1b", "--batch-size", "1"], capsys, monkeypatch)[0] == 0
     assert run_ftplan([*PLAN, "--epochs", "-1"], capsys, monkeypatch)[0] == 2
+
+
+@pytest.mark.parametrize("kind, offered", [(None, True), ("--lora", True), ("--full", False)])
+def test_a_card_too_small_for_bf16_lora_points_to_qlora(capsys, monkeypatch, kind, offered):
+    """Llama-3-8B on a 24 GB card: no bf16 setup fits, a 4-bit base does, and the error named every way out but
+    that one (--full excludes LoRA, so it is not offered there)."""
+    args = ["plan", "--model", "llama-3-8b", "--gpu", "RTX-3090", "--dataset-size", "1000", *([kind] if kind else [])]
+    code, _out, err = run_ftplan(args, capsys, monkeypatch)
+    assert code == 3 and ("--allow qlora" in err) == offered, err
+    if offered:
+        assert run_ftplan([*args, "--allow", "qlora"], capsys, monkeypatch)[0] == 0

@@ -242,6 +242,12 @@ def plan_setup(predictor: Predictor, setting: Setting, request: PlanRequest) -> 
     return SetupPlan(setting, at_one, best, eta, host_bytes=host)
 
 
+def _qlora_untried(settings: list[Setting], request: PlanRequest) -> bool:
+    """Whether a 4-bit base, which holds a quarter of bf16's weights, was left out only for want of asking."""
+    return "qlora" not in request.allow and request.training != "full" and request.gpu.name != CPU and any(
+        s.lora_rank and not s.uses_deepspeed and s.precision in ("bf16", "fp16") for s in settings)
+
+
 def make_plan(predictor: Predictor, request: PlanRequest, extra: Iterable[Setting] = ()) -> Plan:
     """Search every setup and rank those that fit by total time (or cost), fastest first."""
     precisions = (request.precision,) if request.precision else DEFAULT_PRECISIONS
@@ -262,7 +268,9 @@ def make_plan(predictor: Predictor, request: PlanRequest, extra: Iterable[Settin
             f"no setup of {request.base.model} at seq-len {request.base.seq_len} fits on {request.gpu.name} "
             f"even at batch 1 ({request.budget.describe()}); the smallest needs "
             f"{min(s.at_batch_one.peak_reserved.upper for s in gpu_unfit) / GIB:.1f} GiB; "
-            "try a shorter --seq-len, more GPUs with ZeRO-3, or a larger card"
+            "try a shorter --seq-len, more GPUs with ZeRO-3, "
+            + ("--allow qlora (LoRA on a 4-bit base), " if _qlora_untried(settings, request) else "")
+            + "or a larger card"
             + (f" (offload setups need more than the {request.host_memory_gib:g} GiB of host RAM per node)"
                if len(gpu_unfit) < len(unfit) else ""))
     key = (lambda s: (s.eta.cost, s.eta.total_seconds)) if request.by == "cost" else \
