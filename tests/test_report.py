@@ -75,3 +75,21 @@ def test_curves_show_the_planners_largest_safe_batch_under_the_cards_limit(tmp_p
         assert all(batch > c.safe_batch for batch in c.oom_batches)
         proven = max(r["micro_batch"] for r in c.measured if r["status"] == "ok")
         assert c.reserved[c.safe_batch - 1][1] <= budget.usable_bytes or c.safe_batch <= proven
+
+
+def test_an_oom_trial_that_never_learnt_its_gpu_name_shows_on_its_settings_chart(tmp_path, capsys, monkeypatch):
+    """Llama-3-8B LoRA r16's batch 8 ran out of memory before it recorded the card's name: fit and predict counted
+    it (the name of the same setting's trials on the same machine), the chart drew no OOM line."""
+    from ftplan.cli import plots
+
+    shown = []
+    monkeypatch.setattr(plots, "plot_memory", lambda curves, path: shown.extend(curves) or path)
+    monkeypatch.setattr(plots, "plot_seconds", lambda curves, path: path)
+    monkeypatch.setattr(plots, "plot_completion", lambda curves, size, epochs, path: path)
+    monkeypatch.setattr(plots, "plot_gpu_scaling", lambda *args: tmp_path / "scaling.png")
+    code, _, err = run_ftplan(["report", "--model", "llama-3-8b", "--out", tmp_path / "report", "--gpus", "1"],
+                              capsys, monkeypatch)
+    assert code == 0, err
+    lora16 = [c for c in shown if c.setting.lora_rank == 16 and not c.setting.liger and not c.setting.quantization
+              and not c.setting.gradient_checkpointing and c.setting.seq_len == 2048]
+    assert [c.oom_batches for c in lora16 if c.oom_batches] == [[8]]

@@ -480,20 +480,22 @@ def _columns(records: list[dict], key: str) -> tuple[list[int], list[int], list[
     return ([r["micro_batch"] for r in records], [r["seq_len"] for r in records], [float(r[key]) for r in records])
 
 
-def group_records(records: list[dict]) -> list[list[dict]]:
-    """ok/oom records grouped by (setting without seq_len, GPU).
-
-    A trial that died of OOM may not have learnt its GPU's name; it takes the name that ok trials
-    of the same setting on the same machine recorded, so the OOM still bounds their fit.
-    """
+def with_gpu_names(records: list[dict]) -> list[dict]:
+    """The records, each with its GPU's name. A trial that died of OOM may not have learnt it; it takes the
+    name that trials of the same setting on the same machine recorded, so the OOM still bounds their fit
+    (and shows on their chart)."""
     names = {(r["setting_key"], r.get("machine_id")): r["gpu_name"] for r in records if r.get("gpu_name")}
+    return [record if record.get("gpu_name") else
+            {**record, "gpu_name": names.get((record["setting_key"], record.get("machine_id")))}
+            for record in records]
+
+
+def group_records(records: list[dict]) -> list[list[dict]]:
+    """ok/oom records grouped by (setting without seq_len, GPU)."""
     groups: dict[tuple[str, str], list[dict]] = {}
-    for record in records:
-        if record["status"] not in ("ok", "oom"):
-            continue
-        if not record.get("gpu_name"):
-            record = {**record, "gpu_name": names.get((record["setting_key"], record.get("machine_id")))}
-        groups.setdefault(group_key(record), []).append(record)
+    for record in with_gpu_names(records):
+        if record["status"] in ("ok", "oom"):
+            groups.setdefault(group_key(record), []).append(record)
     return list(groups.values())
 
 

@@ -12,7 +12,7 @@ from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import CPU, load_catalog
 from ftplan.core.settings import Setting
 from ftplan.evidence.inputs import load_evidence
-from ftplan.models.fit import known_terms
+from ftplan.models.fit import known_terms, with_gpu_names
 
 
 @click.command("report")
@@ -46,7 +46,8 @@ def command(model: str | None, out: Path, dataset_size: int, epochs: float, gpu_
         load_architecture(model)  # an unknown name is said as such (with close names), not as 'no records of it'
     evidence = load_evidence(calibrations, load_catalog(gpu_specs))
     # a record whose model no longer loads (its config deleted) is left out, as plan leaves it out
-    records = [r for r in evidence.records if (model is None or r["model"] == model) and known_terms(r) is not None]
+    records = [r for r in with_gpu_names(evidence.records)
+               if (model is None or r["model"] == model) and known_terms(r) is not None]
     cards = {r.get("gpu_name"): evidence.card_of(r) for r in records}
     cards = {name: card for name, card in cards.items() if card is not None}
     budgets = {name: evidence.budget(card, safety_margin, context_reserve_gib) for name, card in cards.items()}
