@@ -201,3 +201,15 @@ def test_nothing_fitting_at_any_gpu_count_exits_3_as_one_count_does(capsys, monk
     for gpus in ("1", "1,2"):
         code, _, err = run_ftplan([*base, "--gpus", gpus], capsys, monkeypatch)
         assert code == 3 and "fits" in err, (gpus, err)
+
+
+def test_the_padded_row_of_a_setup_whose_unpadded_trial_failed_says_so(capsys, monkeypatch):
+    """The 8B offload trial was killed for host RAM, unpadded; the plan (padded by default) said 'rows marked
+    trial failed' over rows none of which was marked. A kill does not depend on the padding."""
+    setups = {s["label"]: s for s in _json([], capsys, monkeypatch)["ranked"]}
+    assert "host out of memory" in setups["zero2+offload full gc s2048 padded"]["calibration_failed"]
+    assert setups["zero2+offload full s2048 padded"]["calibration_failed"] is None
+    code, out, _ = run_ftplan(["plan", "--model", "llama-3-8b", "--gpu", "RTX-3090", "--dataset-size", 1000,
+                               "--allow", "qlora"], capsys, monkeypatch)
+    said = " ".join(out.split())
+    assert code == 0 and "its trial failed" in said and "rows marked" not in said  # no such row on this card

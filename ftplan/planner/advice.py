@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ftplan.core.architecture import cached_architecture, load_architecture
 from ftplan.core.hardware import CPU
-from ftplan.core.settings import Setting
+from ftplan.core.settings import PADDINGS, Setting
 from ftplan.core.units import GIB
 from ftplan.models.eta import format_duration
 from ftplan.models.host_memory import host_bytes_per_node
@@ -266,8 +266,11 @@ def host_shortfall(setup: SetupPlan, request: PlanRequest) -> str:
 
 
 def failed_like(setting: Setting, failed: dict[Setting, str]) -> str | None:
-    """Why the calibration trial of this setting (on one GPU) failed, or None when it did not."""
-    return failed.get(setting.with_(gpus=1, nodes=1))
+    """Why the calibration trial of this setting (on one GPU) failed, or None when it did not. A trial that
+    failed (not of OOM: an error, a kill) fails whatever the padding, so an unpadded trial's failure is the
+    padded row's too."""
+    one_gpu = setting.with_(gpus=1, nodes=1)
+    return next((failed[s] for s in (one_gpu, *(one_gpu.with_(padding=p) for p in PADDINGS)) if s in failed), None)
 
 
 def source_label(setup: SetupPlan, failed: dict[Setting, str]) -> str:
@@ -281,11 +284,13 @@ def source_label(setup: SetupPlan, failed: dict[Setting, str]) -> str:
 def unmeasured_notes(plan: Plan, failed: dict[Setting, str]) -> list[str]:
     """Why some rows rest on the prior: a calibration trial that failed, and what offload asks of the host."""
     notes = []
+    marked = [s for s in plan.ranked if failed_like(s.setting, failed)]
     for setting, why in failed.items():
         if setting.model != plan.request.base.model or setting.seq_len != plan.request.base.seq_len:
             continue
-        line = (f"{setting.label()} was calibrated but its trial failed ({why}); rows marked 'trial failed' "
-                "are the prior's guess for it")
+        line = (f"{setting.label()} was calibrated but its trial failed ({why}); "
+                + ("rows marked 'trial failed' are the prior's guess for it" if marked else
+                   "what the plan says of it is the prior's guess"))
         if setting.offload_optimizer:
             need = host_bytes_per_node(cached_architecture(setting.model), setting) / GIB
             line += (f". Its CPU offload pins at least {need:,.1f} GiB of host RAM on one GPU "

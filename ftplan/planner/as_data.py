@@ -40,7 +40,7 @@ def setup_to_dict(setup: SetupPlan, failed: dict[Setting, str] | None = None) ->
             "fits": setup.fits, "largest_safe_batch": setup.batch,
             "prediction": prediction_to_dict(setup.best or setup.at_batch_one),
             "eta": eta_to_dict(setup.eta) if setup.eta else None,
-            "calibration_failed": failed.get(setup.setting.with_(gpus=1, nodes=1)),
+            "calibration_failed": advice.failed_like(setup.setting, failed),
             "host_gib_per_node": setup.host_bytes / GIB, "host_memory_short": setup.host_short}
 
 
