@@ -9,6 +9,7 @@ in MiB. The files stay where they are; nothing is copied into the project.
 from __future__ import annotations
 
 import statistics
+import sys
 from pathlib import Path
 
 from ftplan.core.hardware import find_gpu
@@ -40,9 +41,12 @@ FILES = {
 
 
 def load_external(folder: Path = DEFAULT_DIR) -> list[dict]:
-    """All public measurements as records; an empty list when the folder is absent (a user's clone)."""
+    """All public measurements as records; an empty list, said on stderr, when the folder is absent (a user's
+    clone), so that tables without their rows are not read as the README's."""
     folder = Path(folder)
     if not folder.is_dir():
+        print(f"note: no public measurements at {folder} (the README's figures include them): their rows are "
+              "left out", file=sys.stderr)
         return []
     records: list[dict] = []
     for name, (setting, gpu_name) in FILES.items():

@@ -1,7 +1,7 @@
-"""Predicted speed-up and efficiency of full vs LoRA fine-tuning of llama-2-7b at 1-128 H200s over a slow network.
+"""Predicted speed-up and efficiency of full vs LoRA fine-tuning of Llama-3-8B at 1-128 H200s over a slow network.
 
 8 GPUs per node on NVLink 4; 600 MB/s between nodes (plain cloud networking). The compute time of
-one GPU's step comes from a real H200 calibration of a 7B/8B model (data/calibrations/h200.jsonl)
+one GPU's step comes from a real H200 calibration of that model (data/calibrations/h200.jsonl)
 where one exists, else from the analytic prior (FLOPs over the datasheet's bf16 throughput times
 the documented default MFU, plus the optimizer step); the output says which.
 
@@ -27,7 +27,7 @@ from ftplan.models.prior import prior_estimate
 from ftplan.models.scaling import scaling_table
 from ftplan.store.records import RecordWarning, read_records
 
-MODEL = "llama-2-7b"
+MODEL = "llama-3-8b"
 GPU = "H200"
 GPU_COUNTS = [1, 8, 32, 128]
 GPUS_PER_NODE = 8
@@ -39,11 +39,12 @@ SETTINGS = {"full": Setting(MODEL, seq_len=SEQ_LEN, gradient_checkpointing=True)
 
 def single_gpu_step(records: list[dict], setting: Setting) -> tuple[Setting, int, float, int, int, str]:
     """(setting, micro-batch, seconds/step, params total, params trainable, where it came from):
-    the fastest-per-sample one-GPU record of a 7B/8B model fine-tuned the same way (full or LoRA),
-    else the analytic prior for `setting`."""
+    the fastest-per-sample one-GPU record of the model fine-tuned the same way (full or LoRA), else the
+    analytic prior for `setting`. Only the model's own: another of its size (OLMoE-1B-7B's LoRA) stood in for
+    it under its name."""
     lora = setting.lora_rank > 0
     measured = [r for r in records if r["status"] == "ok" and r.get("seconds_per_step")
-                and r.get("gpus", 1) * r.get("nodes", 1) == 1 and 6e9 <= r.get("params_total", 0) <= 9e9
+                and r.get("gpus", 1) * r.get("nodes", 1) == 1 and r["model"] == setting.model
                 and (r.get("lora_rank", 0) > 0) == lora]
     if measured:
         best = max(measured, key=lambda r: r["micro_batch"] / r["seconds_per_step"])
@@ -54,7 +55,7 @@ def single_gpu_step(records: list[dict], setting: Setting) -> tuple[Setting, int
     estimate = prior_estimate(arch, setting, MICRO_BATCH, find_gpu(GPU))
     return (setting, MICRO_BATCH, estimate.seconds_per_step, arch.params_total,
             arch.trainable_params(setting.lora_rank, setting.lora_targets),
-            f"ANALYTIC ESTIMATE (no 7B/8B H200 calibration): FLOPs / ({GPU} bf16 datasheet x default MFU) "
+            f"ANALYTIC ESTIMATE (no {setting.model} H200 calibration): FLOPs / ({GPU} bf16 datasheet x default MFU) "
             f"+ optimizer step, {setting.label()} batch {MICRO_BATCH}")
 
 
