@@ -42,7 +42,7 @@ def _assert_one_line_error(code: int, err: str, *fragments: str) -> None:
     ([*PLAN, "--gpus", "1..64", "--inter-node-bandwidth", "fast"], ("cannot read bandwidth 'fast'",)),
     ([*PLAN, "--price-per-hour", -2], ("price per hour must be positive",)),
     ([*PLAN, "--calibrations", "/nonexistent/h200.jsonl"], ("/nonexistent/h200.jsonl does not exist",)),
-    (_replace(ETA, "--batch-size", 0), ("batch size must be positive",)),
+    (_replace(ETA, "--batch-size", 0), ("0 is not in the range x>=1",)),
     (_replace(ETA, "--dataset-size", -5), ("dataset size must be positive",)),
     ([*ETA, "--epochs", 0], ("epochs must be positive",)),
     (_replace(ETA, "--gpu", "A100-90GB"), ("unknown GPU", "A100-80GB")),

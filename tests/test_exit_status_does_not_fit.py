@@ -48,3 +48,12 @@ def test_a_card_too_small_for_bf16_lora_points_to_qlora(capsys, monkeypatch, kin
     assert code == 3 and ("--allow qlora" in err) == offered, err
     if offered:
         assert run_ftplan([*args, "--allow", "qlora"], capsys, monkeypatch)[0] == 0
+
+
+def test_a_plan_with_nothing_within_max_hours_prints_no_empty_table(capsys, monkeypatch):
+    """It printed a table of headers only, '0 of 0 setups that fit', and a warning pointing 'below the table' to
+    lists printed above it."""
+    code, out, _ = run_ftplan([*PLAN, "--max-hours", "0.001"], capsys, monkeypatch)
+    said = " ".join(out.split())
+    assert code == 3 and "no setup fits within --max-hours 0.001" in said and "Over --max-hours 0.001:" in said
+    assert "s/step" not in said and "0 of 0" not in said and "below the table" not in said

@@ -93,3 +93,14 @@ def test_plan_says_multi_gpu_times_are_unchecked_and_why_efficiency_exceeds_100_
     full = {row["gpus"]: row for row in plan["scaling"]["tables"]["full"]}
     assert full[8]["efficiency"] > 1 and "offload" in full[8]["above_ideal"]
     assert full[1]["above_ideal"] == ""
+
+
+@pytest.mark.parametrize("command", [["plan", "--model", "llama-3.2-1b", "--dataset-size", 10000],
+                                     ["eta", *SETTING, "--batch-size", 2, "--dataset-size", 10000],
+                                     ["predict", *SETTING, "--batch-size", 2]])
+def test_the_links_of_one_node_leave_the_network_between_nodes_out(capsys, command):
+    """An 8-GPU plan on one node described the 'cloud' link between nodes it never uses."""
+    for gpus, between in ((8, False), (16, True)):
+        code, out, err = _run(capsys, *command, "--gpu", "H200", "--gpus", gpus)
+        said = " ".join(out.split())
+        assert code == 0 and "Links: inside a node" in said and ("between nodes" in said) == between, err

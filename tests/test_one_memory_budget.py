@@ -46,3 +46,10 @@ def test_a_batch_that_ran_at_the_edge_of_the_card_needs_the_user_to_drop_the_mar
     assert code == 0, err
     for setup in json.loads(out)["ranked"]:
         assert setup["prediction"]["peak_reserved_gib"]["mean"] <= 139.8 * 0.98, setup["label"]
+
+
+def test_the_safety_margin_is_typed_as_its_help_shows_it(capsys, monkeypatch):
+    """The help says [default: 2%], and '8%' was refused as not a float."""
+    as_percent, as_fraction = _predict(8, capsys, monkeypatch, "--safety-margin", "8%"), \
+        _predict(8, capsys, monkeypatch, "--safety-margin", "0.08")
+    assert as_percent["usable_gib"] == as_fraction["usable_gib"] < _predict(8, capsys, monkeypatch)["usable_gib"]

@@ -133,3 +133,43 @@ def test_json_where_nothing_fits_in_memory_prints_a_document_and_exits_3(capsys,
     document = json.loads(out)
     assert code == 3 and document["recommendation"] is None and document["fits"] is False
     assert "even at batch 1" in document["error"] and err.startswith("error: ")
+
+
+def test_with_a_long_tail_json_says_the_batch_a_row_runs_and_the_largest_that_fits(tmp_path, capsys, monkeypatch):
+    """largest_safe_batch held the fastest safe batch of a dynamic-padding plan (9), where 38 fits and the text
+    said so: now micro_batch is the batch run, largest_safe_batch the largest that fits."""
+    import json
+    import random
+
+    from tests.helpers import run_ftplan
+
+    rng = random.Random(0)
+    lengths = [min(2048, int(rng.lognormvariate(5.5, 1.0))) + 1 for _ in range(3000)]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": [1] * n}) + "\n" for n in lengths))
+    code, out, err = run_ftplan(["plan", "--model", "llama-3.2-1b", "--gpu", "H200", "--dataset", data,
+                                 "--ids-field", "input_ids", "--seq-len", 2048, "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    plan = json.loads(out)
+    rec, batching = plan["recommendation"], plan["dataset"]["recommended"]
+    assert rec["micro_batch"] == batching["micro_batch"] < rec["largest_safe_batch"] == \
+        batching["largest_fitting_micro_batch"]
+    assert all(row["micro_batch"] <= row["largest_safe_batch"] for row in plan["ranked"])
+
+
+def test_few_steps_at_the_users_own_global_batch_are_said_without_advice_to_change_it(tmp_path, capsys, monkeypatch):
+    """--global-batch 64 on 320 rows makes 5 steps: the warning told the user the batch was the plan's choice and a
+    smaller --global-batch would make more, of a batch they had chosen."""
+    import json
+
+    from tests.helpers import run_ftplan
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": [1] * (50 + i % 200)}) + "\n" for i in range(320)))
+    base = ["plan", "--model", "qwen2.5-0.5b", "--gpu", "H200", "--dataset", data, "--ids-field", "input_ids"]
+    code, out, err = run_ftplan([*base, "--global-batch", 64], capsys, monkeypatch)
+    said = " ".join((out + err).split())
+    assert code == 0 and "makes 5 optimizer steps at your --global-batch 64" in said
+    assert "a smaller --global-batch N makes more steps" not in said
+    code, out, err = run_ftplan(base, capsys, monkeypatch)
+    assert code == 0 and "a smaller --global-batch N makes more steps" in " ".join((out + err).split())

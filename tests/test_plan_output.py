@@ -182,3 +182,12 @@ def test_the_title_counts_packed_rows_as_rows_and_a_cpus_memory_as_the_hosts(tmp
                  "--precision", "fp32"], capsys, monkeypatch, columns=400)
     cpu = " ".join(cpu.split())
     assert "GiB usable of this host's RAM" in cpu and "usable per GPU" not in cpu
+
+
+def test_a_near_tie_never_trades_mixed_precision_for_pure_bf16(capsys, monkeypatch):
+    """Llama-3-8B full on 8 H200s: ZeRO-2 + Liger was fastest and 'ddp liger full bf16-pure' (no fp32 master
+    weights: another training's numerics) was recommended over it as the simpler setup of a near tie."""
+    plan = _json(["plan", "--model", "llama-3-8b", "--dataset-size", 19692, "--gpu", "H200", "--gpus", 8, "--full"],
+                 capsys, monkeypatch)
+    fastest = plan["ranked"][0]["setting"]["precision"]
+    assert plan["recommendation"]["setting"]["precision"] == fastest == "bf16"

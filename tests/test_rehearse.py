@@ -105,7 +105,10 @@ def test_dry_run_prints_the_plan_and_its_gpu_time_without_a_gpu(tmp_path, capsys
     folder = emit(tmp_path, capsys, monkeypatch)
     code, out, err = run_ftplan(["rehearse", folder, "--dry-run"], capsys, monkeypatch)
     assert code == 0, err
-    assert "micro-batch" in out and "GPU-minutes a run" in out
+    said = " ".join(out.split())
+    assert "micro-batch" in said and "GPU-minutes a run" in said  # and what would run, as the help promises:
+    assert f"would train with {folder / 'training_args.py'} unchanged" in said and "20 steps" in said
+    assert "records to calibrations/rehearsals.jsonl" in said
 
 
 def test_emit_setup_writes_the_named_ranked_setup_or_lists_them(tmp_path, capsys, monkeypatch):

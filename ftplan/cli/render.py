@@ -142,7 +142,8 @@ def _plan_title(plan: Plan, sections: list[list[SetupPlan]], show_all: bool) -> 
     request = plan.request
     usable = request.budget.usable_bytes / GIB
     shown, kind = sum(map(len, sections)), {"any": "", "full": " full fine-tuning", "lora": " LoRA"}[request.training]
-    which = (f"every{kind} setup that fits" if show_all else
+    limit = f" within --max-hours {request.max_hours:g}" if request.max_hours is not None else ""
+    which = (f"no{kind} setup fits{limit}" if not plan.candidates else f"every{kind} setup that fits" if show_all else
              f"best of each family, {shown} of {len(plan.candidates)}{kind} setups that fit (--all lists every one)")
     return (f"{request.base.model}, {_samples(request)}, seq {request.base.seq_len}, "
             f"{request.base.world_size} × {request.gpu.name} ({usable:.1f} GiB usable {_per_device(request)}): {which}")
@@ -198,7 +199,10 @@ def training_table(plan: Plan, failed: dict[Setting, str]) -> Table:
 
 def print_plan(plan: Plan, console: Console, failed: dict[Setting, str], show_all: bool = False) -> None:
     """The table, then what its terms mean and what it leaves out, so the recommendation after it is read in full."""
-    print_table(console, plan_table(plan, failed, show_all))
+    if plan.candidates:
+        print_table(console, plan_table(plan, failed, show_all))
+    else:  # no empty table: the title says what was asked, the lists below why nothing is in it
+        console.print(_plan_title(plan, [], show_all), markup=False)
     _print_terms(plan, console)
     _print_left_out(plan, console, show_all)
     _print_caveats(plan, console, failed)
@@ -429,4 +433,4 @@ def print_scaling(scaling: ScalingPlan, console: Console, failed: dict[Setting, 
         return
     where = describe_layout(chosen.gpus_per_node, chosen.nodes).split(": ", 1)[1]
     console.print(f"\n[bold]GPU count: {chosen.gpus} ({where}), {KINDS[scaling.chosen_kind]}[/], because {scaling.reason}. "
-                  f"Setups at {chosen.gpus} GPUs:")
+                  f"Setups at {chosen.gpus} GPU{'s' if chosen.gpus > 1 else ''}:")

@@ -141,9 +141,21 @@ class Evidence:
             socket = find_link(inter).transport == "socket" if _is_link_name(inter) else links.inter_socket
             links, inter_from = (replace(links, inter_node_gbs=gbs, inter_latency_s=latency, inter_socket=socket),
                                  f"--inter-node-bandwidth {inter}")
-        text = (f"Links: inside a node {_rate(links.intra_node_gbs)}, {links.intra_latency_s * 1e6:g} µs/hop ({intra_from}); "
-                f"between nodes {_rate(links.inter_node_gbs)} per node, {links.inter_latency_s * 1e6:g} µs/hop ({inter_from}).")
-        return links, text
+        return links, LinkWords(
+            f"inside a node {_rate(links.intra_node_gbs)}, {links.intra_latency_s * 1e6:g} µs/hop ({intra_from})",
+            f"between nodes {_rate(links.inter_node_gbs)} per node, {links.inter_latency_s * 1e6:g} µs/hop ({inter_from})")
+
+
+@dataclass(frozen=True)
+class LinkWords:
+    """Where each link's figures came from, in words; a run on one node has no link between nodes to speak of."""
+
+    inside: str
+    between: str
+
+    def sentence(self, nodes: int | None = None) -> str:
+        """'Links: inside a node ...; between nodes ...', the second left out for exactly one node."""
+        return f"Links: {self.inside}." if nodes == 1 else f"Links: {self.inside}; {self.between}."
 
 
 def _user_link(text: str, default_latency_s: float) -> tuple[float, float]:

@@ -19,7 +19,7 @@ from ftplan.models.communication.links import Links
 from ftplan.models.prediction import Prediction
 from ftplan.models.safe_batch import MemoryBudget
 from ftplan.models.scaling import with_step_time_cv
-from ftplan.evidence.inputs import Evidence, load_evidence
+from ftplan.evidence.inputs import Evidence, LinkWords, load_evidence
 from ftplan.store.records import same_device_kind
 
 
@@ -30,7 +30,8 @@ class Workspace:
     evidence: Evidence
     card: GpuSpec
     links: Links
-    links_text: str
+    link_words: LinkWords
+    spread_text: str
 
     @classmethod
     def open(cls, gpu: str, calibrations: Sequence[Path | str] = (), gpu_specs: Path | str | None = None,
@@ -41,10 +42,14 @@ class Workspace:
         catalog = load_catalog(Path(gpu_specs) if gpu_specs else None)
         card = find_gpu(gpu, catalog)
         evidence = load_evidence(tuple(Path(c) for c in calibrations), catalog)
-        links, links_text = evidence.links(card, intra_node_bandwidth, inter_node_bandwidth)
+        links, words = evidence.links(card, intra_node_bandwidth, inter_node_bandwidth)
         same_kind = [r for r in evidence.records if same_device_kind(r, card.name)]  # a busy CPU's steps: not GPU ranks'
         links, spread_text = with_step_time_cv(links, step_time_cv, same_kind)
-        return cls(evidence, card, links, f"{links_text} {spread_text}")
+        return cls(evidence, card, links, words, spread_text)
+
+    def links_text(self, nodes: int | None = None) -> str:
+        """The links and the step-time spread, in words; on exactly one node, without the link between nodes."""
+        return f"{self.link_words.sentence(nodes)} {self.spread_text}"
 
     @cached_property
     def predictor(self):

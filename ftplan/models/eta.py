@@ -109,3 +109,14 @@ def format_duration(seconds: float) -> str:
     """h:mm, rounded up to the minute so a short run never shows as 0:00."""
     minutes = math.ceil(seconds / 60)
     return f"{minutes // 60}:{minutes % 60:02d}"
+
+
+def spoken_duration(seconds: float) -> str:
+    """A duration in prose, as fine as a comparison needs: '42 s' and '3.5 min' for short runs (two of them read
+    '0:01' against '0:01' in h:mm), else whole minutes rounded up as the tables' h:mm are ('1 h 05 min')."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 600:
+        return f"{seconds / 60:.1f} min"
+    hours, minutes = divmod(math.ceil(seconds / 60), 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min"

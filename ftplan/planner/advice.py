@@ -12,7 +12,7 @@ from ftplan.core.architecture import cached_architecture, load_architecture
 from ftplan.core.hardware import CPU
 from ftplan.core.settings import PADDINGS, Setting
 from ftplan.core.units import GIB
-from ftplan.models.eta import format_duration
+from ftplan.models.eta import spoken_duration
 from ftplan.models.host_memory import host_bytes_per_node
 from ftplan.models.prediction import (
     SOURCE_EXTRAPOLATED,
@@ -89,9 +89,9 @@ def _compare(plan: Plan, rec: SetupPlan, switch: Switch) -> str | None:
         verdict = "fewer steps and time per sample decide it"
     # the twin is named: the compact table shows each family's best, which can be another LoRA rank or ZeRO stage
     return (f"{switch.name} {state}: batch {rec.batch} at {ours:.2f} s/step, "
-            f"{format_duration(rec.eta.total_seconds)} in total, against {twin.label} ({switch.name} "
+            f"{spoken_duration(rec.eta.total_seconds)} in total, against {twin.label} ({switch.name} "
             f"{other_state}): batch {twin.batch} at {theirs:.2f} s/step, "
-            f"{format_duration(twin.eta.total_seconds)}; {verdict}. {switch.why}.")
+            f"{spoken_duration(twin.eta.total_seconds)}; {verdict}. {switch.why}.")
 
 
 def _training_note(plan: Plan, rec: SetupPlan) -> str:
@@ -110,7 +110,7 @@ def _training_note(plan: Plan, rec: SetupPlan) -> str:
     if other is not None:
         flag = "--full" if other_kind == "full" else "--lora"
         note += (f" Best {'full fine-tuning' if other_kind == 'full' else 'LoRA'} setup: {other.label}, "
-                 f"batch {other.batch}, {format_duration(other.eta.total_seconds)}"
+                 f"batch {other.batch}, {spoken_duration(other.eta.total_seconds)}"
                  + (f", needing at least {other.host_bytes / GIB:,.1f} GiB of host RAM per node for its offload"
                     if other.host_bytes else "")
                  + f" ({flag} to recommend among those).")
@@ -196,10 +196,10 @@ def reasons(plan: Plan, training_note: bool = True) -> list[str]:
                 else f"the {'best-measured' if better_measured else 'simplest'}{kind} setup within {NEAR_TIE:.0%} "
                      f"of the {metric}")
     lines = [f"{rec.label} is {standing}: batch {rec.batch} per GPU, "
-             f"{rec.eta.steps:,} steps × {rec.eta.seconds_per_step:.2f} s = {format_duration(rec.eta.total_seconds)}"
+             f"{rec.eta.steps:,} steps × {rec.eta.seconds_per_step:.2f} s = {spoken_duration(rec.eta.total_seconds)}"
              + (f", {rec.eta.cost:,.2f} in total" if rec.eta.cost is not None else "") + "."]
     if fastest is not rec:
-        lines.append(f"{fastest.label} is predicted {format_duration(fastest.eta.total_seconds)} "
+        lines.append(f"{fastest.label} is predicted {spoken_duration(fastest.eta.total_seconds)} "
                      f"({fastest.best.source}), within the time model's {NEAR_TIE:.0%} uncertainty of this "
                      f"({rec.best.source}): the {why} setup is recommended.")
     lines += [line for switch in SWITCHES if (line := _compare(plan, rec, switch))]
@@ -216,7 +216,8 @@ def warnings_for(plan: Plan) -> list[str]:
         limit = plan.request.max_hours
         kind = {"any": "", "full": "full fine-tuning ", "lora": "LoRA "}[plan.request.training]
         why = f" within {limit:g} h" if limit is not None else ""
-        return [f"no {kind}setup fits and finishes{why}; see the lists below the table"]
+        return [f"no {kind}setup fits and finishes{why}; each one left out is listed with why (over --max-hours, "
+                "cannot fit)"]
     found = []
     if rec.best.source == SOURCE_EXTRAPOLATED:
         confirm = ("run the emitted train.py for a few steps at that batch" if plan.request.gpu.name == CPU else

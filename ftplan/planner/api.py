@@ -73,7 +73,9 @@ class PlanResult:
 
     def to_dict(self) -> dict:
         """Exactly what `ftplan plan --json` prints."""
-        planned = plan_to_dict(self.plan, self.failed) if self.plan else {}
+        largest = ({s: b.largest_fitting for s, b in self.dataset_plan.setups.items()} if self.dataset_plan
+                   else None)
+        planned = plan_to_dict(self.plan, self.failed, largest) if self.plan else {}
         if planned:
             planned["warnings"] = [*self.headline, *planned["warnings"]]
         return {**planned, "headline": list(self.headline),
@@ -182,10 +184,10 @@ def _plan_counts(workspace: Workspace, model: str, request: PlanRequest, counts:
     evidence, base = workspace.evidence, request.base
     extra = list(dict.fromkeys(s.with_(padding=base.padding, attention=base.attention, alloc_conf=base.alloc_conf)
                                for s in evidence.calibrated_settings(model)))  # in the run's recipe; theirs inform
-    scaling, dataset_plan, dataset_lines, links_text = None, None, (), workspace.links_text
+    scaling, dataset_plan, dataset_lines, links_text = None, None, (), workspace.links_text()
     if len(counts) == 1:
         per_node, nodes = node_layout(counts[0], gpus_per_node)
-        links_text = f"Layout: {describe_layout(per_node, nodes)}. {links_text}"
+        links_text = f"Layout: {describe_layout(per_node, nodes)}. {workspace.links_text(nodes)}"
         request = replace(request, base=base.with_(gpus=per_node, nodes=nodes))
         result_plan, dataset_plan, dataset_lines = _plan_one_count(workspace, request, extra, dataset)
     else:
@@ -194,7 +196,9 @@ def _plan_counts(workspace: Workspace, model: str, request: PlanRequest, counts:
     overlap = estimate_overlap(evidence.records, workspace.links)
     links_text += f" Overlap of communication with backward: {overlap.overlap:g}; {overlap.source}."
     return PlanResult(result_plan, scaling, evidence, workspace.links, links_text, evidence.failed_trials(model),
-                      dataset_plan, tuple(dataset_lines), tuple(headline(result_plan, evidence.records, evidence.card_of)))
+                      dataset_plan, tuple(dataset_lines),
+                      tuple(headline(result_plan, evidence.records, evidence.card_of,
+                                     dataset.options.global_batch if dataset else None)))
 
 
 @dataclass(frozen=True)

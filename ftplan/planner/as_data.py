@@ -34,18 +34,24 @@ def eta_to_dict(eta: Eta) -> dict:
             "total_seconds_upper": eta.upper_total_seconds, "cost_upper": eta.upper_cost}
 
 
-def setup_to_dict(setup: SetupPlan, failed: dict[Setting, str] | None = None) -> dict:
+def setup_to_dict(setup: SetupPlan, failed: dict[Setting, str] | None = None,
+                  largest: dict[Setting, int] | None = None) -> dict:
+    """One setup as data. micro_batch is the batch it runs; largest_safe_batch the largest that fits, which
+    differs where a dataset's long tail makes a smaller batch faster (largest: those batches by setting)."""
     failed = failed or {}
     return {"label": setup.label, "training": setup.training, "setting": setup.setting.to_dict(),
-            "fits": setup.fits, "largest_safe_batch": setup.batch,
+            "fits": setup.fits, "micro_batch": setup.batch,
+            "largest_safe_batch": (largest or {}).get(setup.setting, setup.batch),
             "prediction": prediction_to_dict(setup.best or setup.at_batch_one),
             "eta": eta_to_dict(setup.eta) if setup.eta else None,
             "calibration_failed": advice.failed_like(setup.setting, failed),
             "host_gib_per_node": setup.host_bytes / GIB, "host_memory_short": setup.host_short}
 
 
-def plan_to_dict(plan: Plan, failed: dict[Setting, str] | None = None) -> dict:
-    """The whole plan as data: request, memory budget, every setup, the recommendation and its reasons."""
+def plan_to_dict(plan: Plan, failed: dict[Setting, str] | None = None,
+                 largest: dict[Setting, int] | None = None) -> dict:
+    """The whole plan as data: request, memory budget, every setup, the recommendation and its reasons
+    (largest: each setting's largest safe batch where it runs a smaller one, as setup_to_dict takes it)."""
     request, budget = plan.request, plan.request.budget
     rec = plan.recommended
     return {
@@ -57,11 +63,11 @@ def plan_to_dict(plan: Plan, failed: dict[Setting, str] | None = None) -> dict:
         "memory_budget": {"capacity_gib": budget.capacity_bytes / GIB, "safety_margin": budget.margin,
                           "context_reserve_gib": budget.context_reserve_bytes / GIB,
                           "usable_gib": budget.usable_bytes / GIB},
-        "ranked": [setup_to_dict(s, failed) for s in plan.ranked],
-        "over_max_hours": [setup_to_dict(s, failed) for s in plan.too_slow],
+        "ranked": [setup_to_dict(s, failed, largest) for s in plan.ranked],
+        "over_max_hours": [setup_to_dict(s, failed, largest) for s in plan.too_slow],
         "cannot_fit": [setup_to_dict(s, failed) for s in plan.unfit],
-        "recommendation": setup_to_dict(rec, failed) if rec else None,
-        "best_by_training": [{"training": o.kind, "setup": setup_to_dict(o.setup, failed),
+        "recommendation": setup_to_dict(rec, failed, largest) if rec else None,
+        "best_by_training": [{"training": o.kind, "setup": setup_to_dict(o.setup, failed, largest),
                               "trainable_params": o.trainable_params, "trades": o.trade}
                              for o in advice.training_options(plan)],
         "reasons": advice.reasons(plan),

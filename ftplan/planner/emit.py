@@ -24,7 +24,7 @@ from ftplan.core import recipe
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import CPU
 from ftplan.core.settings import Setting
-from ftplan.models.eta import format_duration
+from ftplan.models.eta import spoken_duration
 from ftplan.planner.dataset_plan import ALLOC_CONF_DOC, DatasetPlan
 from ftplan.planner.emit_batching import (
     PlannedBatch,
@@ -96,7 +96,7 @@ def _recipe_lines(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch) -
         f"ftplan plan: {headline(setup, request)}",
         f"micro-batch {batch.micro_batch} x gradient accumulation {batch.accumulation} per GPU, "
         f"{setup.eta.steps:,} steps x {setup.eta.seconds_per_step:.2f} s = "
-        f"{format_duration(setup.eta.total_seconds)} (h:mm), predicted source: {setup.best.source}",
+        f"{spoken_duration(setup.eta.total_seconds)}, predicted source: {setup.best.source}",
         "",
         "The recipe is training_args.py: the Trainer arguments under your transformers' names, the collator, and",
         "how the model is loaded and prepared (dtype, attention implementation, QLoRA's 4-bit base, the LoRA",

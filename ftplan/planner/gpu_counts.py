@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from ftplan.core.errors import DoesNotFit, FtplanError
 from ftplan.core.units import GIB
-from ftplan.models.eta import format_duration
+from ftplan.models.eta import spoken_duration
 from ftplan.models.scaling import choose_gpu_count, node_layout
 from ftplan.planner.search import Plan, PlanRequest, Predictor, SetupPlan, make_plan
 
@@ -159,12 +159,12 @@ def plan_gpu_counts(predictor: Predictor, request: PlanRequest, gpu_counts: list
     final = plan_at(predictor, replace(request, training=kind), chosen.gpus, gpus_per_node, extra)
     unit = "cost" if request.price_per_gpu_hour is not None else "GPU-hours"
     if request.max_hours is None and request.by == "cost":
-        reason = (f"it costs least ({row['cost']:,.2f}, {format_duration(row['hours'] * 3600)} h:mm) among "
+        reason = (f"it costs least ({row['cost']:,.2f}, {spoken_duration(row['hours'] * 3600)}) among "
                   f"{', '.join(map(str, gpu_counts))} GPUs")
     elif request.max_hours is None:
-        reason = (f"it finishes first ({format_duration(row['hours'] * 3600)} h:mm) among {', '.join(map(str, gpu_counts))} GPUs"
+        reason = (f"it finishes first ({spoken_duration(row['hours'] * 3600)}) among {', '.join(map(str, gpu_counts))} GPUs"
                   + (f", then at the least {unit}" if len(pool[pool['hours'] == row['hours']]) > 1 else ""))
     else:
-        reason = (f"it meets --max-hours {request.max_hours:g} ({format_duration(row['hours'] * 3600)} h:mm) at the least {unit} "
+        reason = (f"it meets --max-hours {request.max_hours:g} ({spoken_duration(row['hours'] * 3600)}) at the least {unit} "
                   f"({row['cost']:,.2f})")
     return ScalingPlan(request, counts, tables, final, kind, reason)

@@ -11,7 +11,7 @@ from ftplan.core.hardware import CPU, GpuSpec
 from ftplan.core.recipe import calibrate_command
 from ftplan.core.settings import Setting
 from ftplan.core.versions import installed_versions
-from ftplan.models.eta import format_duration
+from ftplan.models.eta import spoken_duration
 from ftplan.models.prediction import (
     SOURCE_EXTRAPOLATED,
     SOURCE_INTERPOLATED,
@@ -80,14 +80,14 @@ def prior_winner_lines(plan: Plan, records: list[dict]) -> list[str]:
     if rec is None or rec.best.source != SOURCE_PRIOR:
         return []
     lines = [f"{rec.label} is recommended from the analytic prior alone: it was never calibrated on "
-             f"{plan.request.gpu.name}, so its batch {rec.batch} and ETA {format_duration(rec.eta.total_seconds)} "
+             f"{plan.request.gpu.name}, so its batch {rec.batch} and ETA {spoken_duration(rec.eta.total_seconds)} "
              "are estimates, not measurements"]
     alternative = best_calibrated(plan, rec.training) or best_calibrated(plan)
     if alternative is not None:
         other_kind = (f"; {KINDS[alternative.training]}, a different training"
                       if alternative.training != rec.training else "")
         lines.append(f"best calibrated alternative: {alternative.label}, batch {alternative.batch} per GPU, ETA "
-                     f"{format_duration(alternative.eta.total_seconds)} ({alternative.best.source}{other_kind})"
+                     f"{spoken_duration(alternative.eta.total_seconds)} ({alternative.best.source}{other_kind})"
                      + (f"; `--emit-setup '{alternative.label}'` emits it" if alternative is not rec else ""))
     card = plan.request.gpu.name
     seconds = calibration_seconds(rec, [r for r in records if r.get("gpu_name") and same_device_kind(r, card)])
@@ -124,24 +124,29 @@ def version_lines(records: Iterable[dict], installed: dict[str, str | None] | No
             + ": memory and speed can change between versions; calibrate with the versions you will train with"]
 
 
-def headline(plan: Plan | None, records: list[dict], card_of: Callable[[dict], GpuSpec | None]) -> list[str]:
-    """The lines a plan opens with, for the recommendation's card."""
+def headline(plan: Plan | None, records: list[dict], card_of: Callable[[dict], GpuSpec | None],
+             global_batch: int | None = None) -> list[str]:
+    """The lines a plan opens with, for the recommendation's card (global_batch: the user's --global-batch)."""
     if plan is None:
         return []
     on_card = [r for r in records if card_of(r) == plan.request.gpu]
     rec = plan.recommended
     used = [r for r in on_card if rec is not None and r.get("model") == rec.setting.model]
-    return [*prior_winner_lines(plan, on_card), *version_lines(used), *few_steps_lines(plan)]
+    return [*prior_winner_lines(plan, on_card), *version_lines(used), *few_steps_lines(plan, global_batch)]
 
 
-def few_steps_lines(plan: Plan) -> list[str]:
-    """A recommendation whose batch leaves the run only a few optimizer steps: say so, and how to choose the batch."""
+def few_steps_lines(plan: Plan, global_batch: int | None = None) -> list[str]:
+    """A recommendation whose batch leaves the run only a few optimizer steps: say so, and how to choose the batch
+    where the plan chose it (a global batch the user set is theirs to keep)."""
     rec = plan.recommended
     if rec is None or rec.eta.steps >= FEW_OPTIMIZER_STEPS:
         return []
-    return [f"the whole run makes {rec.eta.steps} optimizer step{'s' if rec.eta.steps != 1 else ''} (micro-batch "
-            f"{rec.batch} per GPU): the fastest batch is not always the one your recipe trains well with; the largest "
-            "safe batch is an upper limit, and with --dataset a smaller --global-batch N makes more steps"]
+    steps = f"the whole run makes {rec.eta.steps} optimizer step{'s' if rec.eta.steps != 1 else ''}"
+    if global_batch is not None:
+        return [f"{steps} at your --global-batch {global_batch} (micro-batch {rec.batch} per GPU)"]
+    return [f"{steps} (micro-batch {rec.batch} per GPU): the fastest batch is not always the one your recipe trains "
+            "well with; the largest safe batch is an upper limit, and with --dataset a smaller --global-batch N makes "
+            "more steps"]
 
 
 def _minutes(low_seconds: float, high_seconds: float) -> str:

@@ -203,11 +203,14 @@ class Plan:
 
     def _choose(self, ranked: list[SetupPlan]) -> SetupPlan | None:
         """The best of `ranked`; among those within NEAR_TIE of it, the best-measured, then the one with the
-        fewest moving parts, then the first."""
+        fewest moving parts, then the first. A near tie never trades fp32 master weights away: pure bf16 is not a
+        simpler ZeRO-2 run in mixed precision, but another training's numerics."""
         if not ranked:
             return None
         score = (lambda s: s.eta.cost) if self.request.by == "cost" else (lambda s: s.eta.total_seconds)
-        tied = [s for s in ranked if score(s) <= score(ranked[0]) * (1 + NEAR_TIE)]
+        pure = ranked[0].setting.precision == "bf16-pure"
+        tied = [s for s in ranked if score(s) <= score(ranked[0]) * (1 + NEAR_TIE)
+                and (pure or s.setting.precision != "bf16-pure")]
         return min(tied, key=lambda s: (TRUST.get(s.best.source, len(TRUST)), _moving_parts(s.setting)))
 
     @property

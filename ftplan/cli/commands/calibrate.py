@@ -31,7 +31,7 @@ from ftplan.calibration.extra import extra_problem
 from ftplan.calibration.ladder import LadderStep
 from ftplan.calibration.runner import CalibrationPlan, CalibrationProgress, calibrate, pinned_machine_id
 from ftplan.cli.commands.dataset_options import check_dataset_options, dataset_options
-from ftplan.cli.commands.options import positive_int_list
+from ftplan.cli.commands.options import MODEL_HELP, positive_int_list
 from ftplan.cli.main import Dependencies
 from ftplan.core.architecture import ALL_LINEAR_TARGETS, load_architecture, run_attention
 from ftplan.models.bytes_per_param import OPTIMIZER_STATE_BYTES
@@ -75,7 +75,7 @@ MAX_TRIAL_GPUS = 1024  # ranks on this one machine
 
 @click.command("calibrate")
 @click.option("--model", "models", multiple=True, required=True,
-              help="Architecture id (see `ftplan models`) or a path to a config.json; repeatable.")
+              help=f"{MODEL_HELP} Repeatable.")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
               help="Train on the GPU(s), or on this machine's CPU (no GPU needed; defaults chosen to finish in "
                    "minutes, and `ftplan plan --gpu cpu` plans from it).")

@@ -18,7 +18,7 @@ from ftplan.cli.commands.options import setting_from_options, setting_options, s
 from ftplan.cli.commands.plan import host_memory_option
 from ftplan.cli.render import eta_lines, host_line
 from ftplan.core.architecture import load_architecture
-from ftplan.core.errors import EXIT_DOES_NOT_FIT, FtplanError
+from ftplan.core.errors import EXIT_DOES_NOT_FIT
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
 from ftplan.models.communication.layout import describe_layout
@@ -31,7 +31,7 @@ from ftplan.evidence.workspace import Workspace
 
 @click.command("eta")
 @setting_options
-@click.option("--batch-size", type=int, required=True, help="Micro-batch per GPU.")
+@click.option("--batch-size", type=click.IntRange(min=1), required=True, help="Micro-batch per GPU.")
 @click.option("--dataset-size", type=int, required=True, help="Training samples per epoch.")
 @click.option("--epochs", type=FINITE_FLOAT, default=1.0, show_default=True,
               help="Passes over the dataset (fractions allowed).")
@@ -50,7 +50,7 @@ def command(batch_size: int, dataset_size: int, epochs: float, price_per_hour: f
             calibrations: tuple[Path, ...], as_json: bool, **options) -> None:
     """How long one configuration takes to finish, what it costs, and whether it fits in memory."""
     setting = setting_from_options(options)
-    _check_positive(batch_size, price_per_hour)
+    check_price(price_per_hour)
     host_bytes = host_bytes_per_node(load_architecture(setting.model), setting)
     workspace = Workspace.open(gpu_name, calibrations, gpu_specs, intra_node_bandwidth, inter_node_bandwidth,
                                step_time_cv)
@@ -71,16 +71,9 @@ def command(batch_size: int, dataset_size: int, epochs: float, price_per_hour: f
                                "prediction": prediction_to_dict(prediction)}, indent=2))
     else:
         host = host_line(host_bytes, host_memory_gib, host_enough)
-        _echo_eta(setting, gpu.name, batch_size, dataset_size, epochs, workspace.links_text,
+        _echo_eta(setting, gpu.name, batch_size, dataset_size, epochs, workspace.links_text(setting.nodes),
                   eta_lines(prediction, eta, budget) + ([host] if host else []))
     _exit_unless(fits)
-
-
-def _check_positive(batch_size: int, price_per_hour: float | None) -> None:
-    """click's types let zero and negative figures through, and an ETA from them would be nonsense, not an error."""
-    if batch_size <= 0:
-        raise FtplanError(f"batch size must be positive, got {batch_size}")
-    check_price(price_per_hour)
 
 
 def _echo_eta(setting: Setting, gpu_name: str, batch_size: int, dataset_size: int, epochs: float, links_text: str,

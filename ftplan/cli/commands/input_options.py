@@ -32,6 +32,15 @@ class FiniteFloat(click.FloatRange):
 
 
 FINITE_FLOAT = FiniteFloat()
+
+
+class Fraction(FiniteFloat):
+    """A fraction, as 0.08 or as 8%: the help shows the default as a percentage, and a user types it back so."""
+
+    def convert(self, value, param, ctx) -> float:
+        if isinstance(value, str) and value.strip().endswith("%"):
+            return super().convert(value.strip()[:-1], param, ctx) / 100
+        return super().convert(value, param, ctx)
 MAX_CONTEXT_RESERVE_GIB = 1024  # more than any card holds
 
 
@@ -52,8 +61,9 @@ def budget_options(command: Callable) -> Callable:
                            default=DEFAULT_CONTEXT_RESERVE_GIB, show_default=True,
                            help="GiB kept for the CUDA context and NCCL buffers on top of the margin "
                                 "(torch's reserved bytes omit them).")(command)
-    return click.option("--safety-margin", type=FINITE_FLOAT, default=None,
-                        help="Fraction of capacity kept free, above predicted bounds and measured peaks alike.  "
+    return click.option("--safety-margin", type=Fraction(), default=None,
+                        help="Fraction of capacity kept free (0.08 or 8%), above predicted bounds and measured peaks "
+                             "alike.  "
                              f"[default: {DEFAULT_SAFETY_MARGIN:.0%}]")(command)
 
 

@@ -47,9 +47,10 @@ def on_off_option(name: str, help_text: str):
                         help=f"{help_text} Bare, or on/off.")
 
 
+MODEL_HELP = "Architecture id (see `ftplan models`), a config.json, or a local Hugging Face model folder."
+
 SETTING_OPTIONS = (
-    click.option("--model", required=True,
-                 help="Architecture id (see `ftplan models`), a config.json, or a local Hugging Face model folder."),
+    click.option("--model", required=True, help=MODEL_HELP),
     click.option("--seq-len", type=click.IntRange(min=1), default=DEFAULT_SEQ_LEN, show_default=True, help="Tokens per sample (padded)."),
     click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True,
                  help="bf16: mixed precision with fp32 weights and optimizer states (Trainer's bf16=True); bf16-pure: "

@@ -20,7 +20,7 @@ from ftplan.cli.commands.input_options import (
     gpu_options,
     link_options,
 )
-from ftplan.cli.commands.options import positive_int_list, step_time_cv_option
+from ftplan.cli.commands.options import MODEL_HELP, positive_int_list, step_time_cv_option
 from ftplan.cli.render import (
     make_console,
     print_plan,
@@ -55,7 +55,7 @@ def _training(ctx: click.Context, choice: str, given: bool) -> None:
         raise click.UsageError(f"--{chosen} and --{choice} contradict each other; give one")
 
 @click.command("plan")
-@click.option("--model", required=True, help="Architecture id (see `ftplan models`) or a path to a config.json.")
+@click.option("--model", required=True, help=MODEL_HELP)
 @click.option("--dataset-size", type=int, default=None, help="Training samples per epoch (needed without --dataset).")
 @click.option("--epochs", type=FINITE_FLOAT, default=1.0, show_default=True,
               help="Passes over the dataset (fractions allowed).")

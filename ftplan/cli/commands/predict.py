@@ -60,7 +60,7 @@ def command(batch_size: int, gpu_name: str, gpu_specs: Path | None, intra_node_b
         console = make_console()
         console.print(f"layout: {layout}")
         if setting.world_size > 1:
-            console.print(workspace.links_text)
+            console.print(workspace.links_text(setting.nodes))
         print_prediction(prediction, gpu, budget, console)
     if not fits_budget(prediction, budget):
         raise click.exceptions.Exit(EXIT_DOES_NOT_FIT)  # as `eta` does: a script reads the answer from the status

@@ -10,7 +10,15 @@ import click
 from ftplan.core.errors import EXIT_DOES_NOT_FIT
 from ftplan.core.units import GIB
 from ftplan.evidence.inputs import USER_CALIBRATIONS
-from ftplan.planner.rehearse import DEFAULT_STEPS, read_plan, refuse_a_cpu_plan, rehearsal_seconds, rehearse_folder
+from ftplan.planner.emit import TRAINING_ARGS_PY
+from ftplan.planner.rehearse import (
+    DEFAULT_STEPS,
+    can_grow,
+    read_plan,
+    refuse_a_cpu_plan,
+    rehearsal_seconds,
+    rehearse_folder,
+)
 from ftplan.store.records import append_record
 
 REHEARSALS_FILE = "rehearsals.jsonl"
@@ -43,9 +51,15 @@ def command(directory: Path, steps: int, out: Path | None, lower: bool, grow: bo
     click.echo(f"{numbers['headline']}: micro-batch {numbers['micro_batch']} x accumulation "
                f"{numbers['accumulation']}, predicted {numbers['predicted']['peak_reserved_bytes'] / GIB:.2f} GiB "
                f"reserved ({numbers['predicted']['evidence']}), about {estimate / 60:.1f} GPU-minutes a run")
-    if dry_run:
-        return
     out = out or USER_CALIBRATIONS / REHEARSALS_FILE
+    if dry_run:
+        then = [*(["a larger micro-batch while a run leaves room"] if grow and can_grow(numbers) else []),
+                *(["a smaller one if it does not fit"] if lower else [])]
+        click.echo(f"would train with {directory / TRAINING_ARGS_PY} unchanged on the {numbers.get('gpu', 'GPU')}: {steps} "
+                   "steps, the dataset's heaviest batches first, then a random mix"
+                   + (f"; then {' or '.join(then)}" if then else "")
+                   + f"; records to {out}, logs in {out.parent / 'logs'}")
+        return
     search = rehearse_folder(directory, steps, timeout, lower, out.parent / "logs",
                              on_record=lambda record: append_record(out, record), progress=click.echo, grow=grow)
     final, runs = search.answer, len(search.runs)

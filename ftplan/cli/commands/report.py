@@ -64,17 +64,18 @@ def command(model: str | None, out: Path, dataset_size: int, epochs: float, gpu_
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise FtplanError(f"cannot create {out}: {exc.strerror}") from None
-    written = [plots.plot_memory(curves, out / plots.MEMORY_PNG), plots.plot_seconds(curves, out / plots.TIME_PNG),
-               plots.plot_completion(curves, dataset_size, epochs, out / plots.COMPLETION_PNG)]
-    for name, card in cards.items():
-        if card.name == CPU:  # one host's CPU does not scale over GPU counts
-            continue
+    scaled = [(name, card, model_id) for name, card in cards.items() if card.name != CPU  # a CPU does not scale
+              for model_id in sorted({r["model"] for r in records if r.get("gpu_name") == name})]
+    click.echo(f"charting {len(curves)} calibrated settings, then GPU scaling of {len(scaled)} model-and-card pair(s) "
+               f"at {len(counts)} GPU count(s): a plan each", err=True)  # half a minute for the shipped records
+    click.echo(f"wrote {plots.plot_memory(curves, out / plots.MEMORY_PNG)}")
+    click.echo(f"wrote {plots.plot_seconds(curves, out / plots.TIME_PNG)}")
+    click.echo(f"wrote {plots.plot_completion(curves, dataset_size, epochs, out / plots.COMPLETION_PNG)}")
+    for name, card, model_id in scaled:
         links, _ = evidence.links(card, intra_node_bandwidth, inter_node_bandwidth)
-        predictor = evidence.predictor_with(links)
-        for model_id in sorted({r["model"] for r in records if r.get("gpu_name") == name}):
-            base = Setting(model=model_id, seq_len=max(r["seq_len"] for r in records if r["model"] == model_id))
-            written.append(plots.plot_gpu_scaling(predictor, links.inter_node_gbs, base, card, budgets[name], counts, gpus_per_node,
-                                                  dataset_size, epochs, evidence.calibrated_settings(model_id), out))
-    for path in written:
+        base = Setting(model=model_id, seq_len=max(r["seq_len"] for r in records if r["model"] == model_id))
+        path = plots.plot_gpu_scaling(evidence.predictor_with(links), links.inter_node_gbs, base, card, budgets[name],
+                                      counts, gpus_per_node, dataset_size, epochs,
+                                      evidence.calibrated_settings(model_id), out)
         click.echo(f"wrote {path}")
 
