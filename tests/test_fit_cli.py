@@ -38,3 +38,16 @@ def test_fit_without_fittable_records_exits_2_with_one_line(tmp_path, capsys):
         main(["fit", str(path), "--out", str(tmp_path / "fits.json")])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().count("\n") == 0
+
+
+def test_no_two_rows_of_the_shipped_fits_read_alike(tmp_path):
+    """OLMoE's LoRA on every linear and on attention only printed as two 'ddp lora16 padded' rows."""
+    from ftplan.core.paths import calibrations_dir
+
+    out = tmp_path / "fits.json"
+    result = CliRunner().invoke(cli, ["fit", str(calibrations_dir()), "--out", str(out)], terminal_width=250)
+    assert result.exit_code == 0, result.output
+    rows = [(fit.setting["model"], fit.setting_at(seq).full_label(), fit.gpu_name)
+            for fit in FitSet.load(out).fits for seq in fit.seq_lens]
+    assert len(rows) == len(set(rows)) and any("on q+k+v+o" in label for _, label, _ in rows)
+    assert "on q+k+v+o" in " ".join(result.output.split())

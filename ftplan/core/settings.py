@@ -151,5 +151,15 @@ class Setting:
             parts.append(f"{self.nodes}x{self.gpus}gpu" if self.nodes > 1 else f"{self.gpus}gpu")  # nodes × GPUs, as tables
         return " ".join(p for p in parts if p)
 
+    def full_label(self) -> str:
+        """label(), plus the recipe it omits where it differs from the defaults (optimizer, LoRA targets,
+        allocator), so two calibrated setups never read alike."""
+        default = Setting(model=self.model)
+        extras = [self.optimizer] if self.optimizer != default.optimizer else []
+        if self.lora_rank and self.lora_targets != default.lora_targets:
+            extras.append("on " + "+".join(t.removesuffix("_proj") for t in self.lora_targets))
+        extras += [self.alloc_conf.replace(":True", "")] if self.alloc_conf else []
+        return " ".join([self.label(), *extras])
+
     def with_(self, **changes) -> Setting:
         return replace(self, **changes)

@@ -126,12 +126,7 @@ class SetupPlan:
     @property
     def label(self) -> str:
         """The setting's label, plus what it omits when it differs from the defaults (calibrated extras)."""
-        default = Setting(model=self.setting.model)
-        extras = [self.setting.optimizer] if self.setting.optimizer != default.optimizer else []
-        if self.setting.lora_rank and self.setting.lora_targets != default.lora_targets:  # else two setups read alike
-            extras.append("on " + "+".join(t.removesuffix("_proj") for t in self.setting.lora_targets))
-        extras += [self.setting.alloc_conf.replace(":True", "")] if self.setting.alloc_conf else []
-        return " ".join([self.setting.label(), *extras])
+        return self.setting.full_label()
 
 
 @dataclass(frozen=True)

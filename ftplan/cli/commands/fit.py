@@ -64,8 +64,7 @@ def fit_table(fits: FitSet) -> Table:
     for fit in fits.fits:
         for seq in fit.seq_lens:
             batches = fit.calibrated_batches(seq)
-            setting = " ".join(w for w in [*fit.setting_at(seq).label().split(), fit.setting["alloc_conf"]]
-                               if w and w != f"s{seq}")
+            setting = " ".join(w for w in fit.setting_at(seq).full_label().split() if w != f"s{seq}")
             table.add_row(
                 fit.setting["model"], setting, fit.gpu_name.removeprefix("NVIDIA "), str(seq),
                 f"{batches[0]}-{batches[-1]}" if len(batches) > 1 else str(batches[0]),
