@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from ftplan.core.architecture import cached_architecture, load_architecture
 from ftplan.core.paths import calibrations_dir
 from ftplan.core.units import GIB
 from ftplan.planner.emit import PLAN_JSON
@@ -65,3 +66,32 @@ def test_a_rehearsal_over_the_budget_or_at_another_batch_verifies_nothing(tmp_pa
 def test_usable_bytes_are_what_the_rehearsal_is_judged_against():
     run = Rehearsal(4, 1, "ok", "", {"peak_reserved_bytes": int(10 * GIB)}, int(9 * GIB))
     assert not run.safe and "over the budget" in run.verdict
+
+
+def test_a_config_edited_after_its_rehearsal_is_not_verified(tmp_path, capsys, monkeypatch):
+    """The rehearsal record named the model by its path only: an edited config.json (another intermediate size,
+    vocabulary or head count) stayed 'verified'."""
+    config = tmp_path / "mymodel" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(load_architecture("llama-3.2-1b").config))
+    mine = [*PLAN[:2], str(config.parent), *PLAN[3:]]  # PLAN with the model's folder for its id
+    folder = tmp_path / "configs"
+    code, _, err = run_ftplan([*mine, "--emit", folder], capsys, monkeypatch)
+    assert code == 0, err
+    numbers = json.loads((folder / PLAN_JSON).read_text())
+    result = {"peak_reserved_bytes": int(numbers["usable_bytes"] * 0.9), "gpu_name": "NVIDIA H200",
+              "step_seconds": [1.0] * 20, "heavy_steps": 4}
+    store = tmp_path / "rehearsals.jsonl"
+    append_record(store, record_of(numbers, Rehearsal(numbers["micro_batch"], numbers["accumulation"], "ok", "",
+                                                      result, numbers["usable_bytes"]), "0" * 64, 30.0, folder.name))
+
+    def source() -> str:
+        code, out, err = run_ftplan([*mine, "--calibrations", calibrations_dir(), "--calibrations", store],
+                                    capsys, monkeypatch)
+        assert code == 0, err
+        return _recommended(json.loads(out))["prediction"]["source"]
+
+    assert source() == "verified"
+    config.write_text(json.dumps({**load_architecture("llama-3.2-1b").config, "intermediate_size": 8300}))
+    cached_architecture.cache_clear()  # another process would read the file afresh
+    assert source() != "verified"

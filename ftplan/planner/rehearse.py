@@ -175,6 +175,7 @@ def record_of(numbers: dict, rehearsal: Rehearsal, digest: str, seconds: float, 
                                                  "step_seconds", "heavy_steps", "gpu_name", "gpu_memory_total_bytes",
                                                  "versions", "alloc_conf") if result.get(key) is not None}
     return build_record(setting, rehearsal.micro_batch, rehearsal.status, message=rehearsal.message,
+                        arch_hash=cached_architecture(setting.model).hash,  # the shape that ran, as plans check it
                         rehearsal=True, accumulation=rehearsal.accumulation, emit_digest=digest, emit_dir=emit_dir,
                         padded_length=numbers["length"], strategy=numbers["strategy"], device="cuda",
                         source="rehearse", trial_seconds=round(seconds, 3),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
+from ftplan.core.architecture import cached_architecture
 from ftplan.core.hardware import GpuSpec
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
@@ -16,8 +17,10 @@ from ftplan.planner.search import Plan, SetupPlan
 
 
 def _rehearsed(record: dict, setting: Setting, batch: PlannedBatch, usable_bytes: int) -> bool:
-    """The record is a safe rehearsal of this very folder: recipe, split, strategy and length all alike."""
+    """The record is a safe rehearsal of this very folder: recipe, architecture (a config.json edited since is
+    another model under the same path), split, strategy and length all alike."""
     return (record.get("status") == "ok" and Setting.from_dict(record) == setting
+            and record.get("arch_hash") == cached_architecture(setting.model).hash
             and record.get("micro_batch") == batch.micro_batch
             and record.get("accumulation", 1) == batch.accumulation
             and record.get("strategy") == batch.strategy and record.get("padded_length") == batch.length
