@@ -22,7 +22,9 @@ from ftplan.calibration.trainer_setting import (
 )
 from ftplan.calibration.trial import RandomTokens
 from ftplan.core.architecture import load_architecture
-from ftplan.store.records import read_records
+from ftplan.core.hardware import load_catalog
+from ftplan.core.paths import calibrations_dir
+from ftplan.store.records import append_record, read_records
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # it skips them without transformers
 
@@ -315,3 +317,19 @@ def test_without_a_cpu_calibration_the_callback_names_the_calibrate_command_of_t
     message = _predict(setting, 2, "cpu", tmp_path / "none.jsonl", "no-such-machine")
     assert ("`ftplan calibrate --model tiny-llama --seq-len 256 --device cpu --precision fp32 --padding none`"
             in message), message
+
+
+def test_a_run_accumulating_gradients_compares_but_leaves_no_record_and_old_ones_enter_no_fit(tmp_path, capsys):
+    """Its seconds per step are 4 micro-batches' and were fitted as one's: a planned step 14 times too slow."""
+    from ftplan.calibration.callback import FtplanCallback
+    from ftplan.evidence.inputs import load_evidence
+
+    out = tmp_path / "calibrations.jsonl"
+    callback = FtplanCallback(out=out, warmup_steps=1)
+    train(tmp_path, [callback], micro_batch=2, steps=3, gradient_accumulation_steps=4)
+    assert callback.record["gradient_accumulation_steps"] == 4 and not out.exists()
+    assert "no record appended: a step of 4 accumulated micro-batches" in capsys.readouterr().err
+    append_record(out, callback.record)  # as an older ftplan wrote it
+    with pytest.warns(UserWarning, match="a step of 4 accumulated micro-batches, not one micro-batch's; record skipped"):
+        records = load_evidence([out, calibrations_dir()], load_catalog()).records
+    assert records and not any(r["source"] == "trainer_callback" for r in records)

@@ -216,7 +216,8 @@ class FtplanCallback(TrainerCallback):
             **measurements(outcome, setting, run.micro_batch))
         if self.record["tokens_per_second"]:  # an optimizer step consumed grad_accum micro-batches
             self.record["tokens_per_second"] *= run.grad_accum
-        append_record(self.out, self.record)
+        if run.grad_accum == 1:  # a step of several micro-batches is no micro-batch's step: no fit could take it
+            append_record(self.out, self.record)
         if self.predict:
             _say(_comparison_text(self.record, run.prediction, self.out))
 
@@ -451,13 +452,15 @@ def _prediction_text(prediction, run: _Run, capacity: int) -> str:
 def _comparison_text(record: dict, prediction: Prediction | str | None, out: Path) -> str:
     """Predicted vs measured, when the prediction was for the device that ran; else just what was measured."""
     measured_s = record.get("seconds_per_step")
-    lines = [f"ftplan: measured {record['steps_measured']} step(s), status {record['status']}; record appended to {out}"]
+    accum = record.get("gradient_accumulation_steps") or 1
+    kept = (f"record appended to {out}" if accum == 1 else f"no record appended: a step of {accum} accumulated "
+            "micro-batches is not a calibration of one (train with gradient_accumulation_steps=1 for one)")
+    lines = [f"ftplan: measured {record['steps_measured']} step(s), status {record['status']}; {kept}"]
     if not isinstance(prediction, Prediction) or not _same_card(record["gpu_name"], prediction.gpu):
         where = f" (the prediction was for {prediction.gpu}, not {record['gpu_name']})" if isinstance(prediction, Prediction) else ""
         lines.append(f"  peak reserved {record['peak_reserved_bytes'] / GIB:.3g} GiB, "
                      + (f"{measured_s:.3g} s/step" if measured_s else "no step time") + where)
         return "\n".join(lines)
-    accum = record.get("gradient_accumulation_steps") or 1
     rows = [("peak allocated (GiB)", prediction.peak_allocated.mean / GIB, record["peak_allocated_bytes"] / GIB),
             ("peak reserved (GiB)", prediction.peak_reserved.mean / GIB, record["peak_reserved_bytes"] / GIB),
             ("s/optimizer step", prediction.step_seconds(accum), measured_s)]

@@ -187,8 +187,12 @@ def _read_input(path: Path) -> tuple[list[dict], list[dict]]:
 
 
 def _modelled(record: dict) -> bool:
-    """False, with a warning naming the file and line, for a record whose setting ftplan has no model of."""
-    problem = unmodelled(record)
+    """False, with a warning naming the file and line, for a record whose setting ftplan has no model of, or
+    whose step accumulated several micro-batches (its time is theirs, not one micro-batch's)."""
+    accumulated = record.get("gradient_accumulation_steps")
+    problem = unmodelled(record) or (
+        f"a step of {accumulated} accumulated micro-batches, not one micro-batch's" if isinstance(accumulated, int)
+        and not isinstance(accumulated, bool) and accumulated > 1 else None)
     if problem:
         warnings.warn(f"{record['_source']}: {printable(problem)}; record skipped", RecordWarning, stacklevel=2)
     return problem is None
