@@ -48,3 +48,19 @@ def test_a_long_error_message_is_cut_to_what_a_trial_keeps(tmp_path):
     path.write_text(json.dumps(failed) + "\n")
     (record,), _ = read_with_warnings(path)
     assert len(record["message"]) <= MAX_MESSAGE_CHARS + 10 and record["message"].startswith("x" * 100)
+
+
+def test_a_capacity_above_the_cards_datasheet_is_left_out_with_its_line(tmp_path, capsys, monkeypatch):
+    """One record claiming 1 PiB on an H200 made every plan's usable memory 1,027,604 GiB."""
+    from ftplan.core.paths import calibrations_dir
+    from tests.helpers import run_ftplan
+
+    shipped = (calibrations_dir() / "h200.jsonl").read_text().splitlines()
+    record = next(json.loads(line) for line in shipped if '"model": "llama-3.2-1b"' in line)
+    path = tmp_path / "x.jsonl"
+    path.write_text(json.dumps({**record, "gpu_memory_total_bytes": 2**50, "machine_id": "x"}) + "\n")
+    code, out, err = run_ftplan(["plan", "--model", "llama-3.2-1b", "--gpu", "H200", "--dataset-size", 1000,
+                                 "--calibrations", calibrations_dir(), "--calibrations", path, "--json"],
+                                capsys, monkeypatch)
+    assert code == 0 and "x.jsonl:1: gpu_memory_total_bytes" in err and "more than H200 has" in err
+    assert json.loads(out)["memory_budget"]["capacity_gib"] == pytest.approx(139.8, abs=0.05)

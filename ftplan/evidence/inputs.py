@@ -99,8 +99,16 @@ class Evidence:
         return self._cards.get(str(record.get("gpu_name")))
 
     def measured_capacity(self, gpu: GpuSpec) -> int | None:
-        """The card's total memory as the calibration runs on it saw it, which datasheets round."""
-        totals = [r.get("gpu_memory_total_bytes") or 0 for r in self.records if self.card_of(r) == gpu]
+        """The card's total memory as the calibration runs on it saw it, which datasheets round. A total above
+        the datasheet's figure is no run's (one edited record set every plan's H200 to 1 PiB): skipped, said."""
+        totals = []
+        for record in (r for r in self.records if self.card_of(r) == gpu and r.get("gpu_memory_total_bytes")):
+            if record["gpu_memory_total_bytes"] > gpu.memory_gib * GIB:
+                warnings.warn(f"{record.get('_source', 'a record')}: gpu_memory_total_bytes "
+                              f"{record['gpu_memory_total_bytes'] / GIB:,.1f} GiB is more than {gpu.name} has "
+                              f"({gpu.memory_gib:g}); its capacity is left out", RecordWarning, stacklevel=2)
+            else:
+                totals.append(record["gpu_memory_total_bytes"])
         return max(totals, default=0) or None
 
     def budget(self, gpu: GpuSpec, safety_margin: float | None, context_reserve_gib: float) -> MemoryBudget:
