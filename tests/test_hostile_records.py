@@ -31,13 +31,18 @@ HOSTILE = {
     "float batch": (changed(micro_batch=1e30), "micro_batch is 1e+30, not an integer"),
     "negative seq_len": (changed(seq_len=-64), "sequence length must be positive"),
     "negative step time": (changed(step_seconds=[0.1, -0.2]), "negative step_seconds"),
+    "trial time as text": (changed(trial_seconds="abc"), "trial_seconds is 'abc', not a number"),  # a plan's headline
+    "steps as text": (changed(steps_measured="x"), "steps_measured is 'x', not an integer"),
 }
 
 HOSTILE_NETWORK = {
     "bandwidth as text": ({"bandwidth_gbs": "fast"}, "bandwidth_gbs is 'fast', not a number"),
-    "zero bandwidth": ({"bandwidth_gbs": 0}, "bandwidth_gbs must be positive"),
-    "negative latency": ({"latency_s": -1.0}, "negative latency_s"),
+    "zero bandwidth": ({"bandwidth_gbs": 0}, "bandwidth_gbs must be between 1e-06 and 1e+07, got 0"),
+    "bandwidth of no link": ({"bandwidth_gbs": 1e-300}, "bandwidth_gbs must be between 1e-06 and 1e+07"),
+    "negative latency": ({"latency_s": -1.0}, "latency_s must be between 0 and 1 s, got -1.0"),
+    "latency of no link": ({"latency_s": 1e300}, "latency_s must be between 0 and 1 s"),  # 300-digit ETAs
     "ranks as text": ({"ranks": "eight"}, "ranks is 'eight', not an integer"),
+    "timestamp as a number": ({"timestamp": 5}, "timestamp is 5, not text"),  # sorted beside text: a TypeError
 }
 
 

@@ -188,10 +188,8 @@ def _rate(gbs: float) -> str:
 
 
 def _read_input(path: Path) -> tuple[list[dict], list[dict]]:
-    records = [r for r in read_records([path]) if _modelled(r)]
-    with warnings.catch_warnings():  # the trial pass already named every bad line
-        warnings.simplefilter("ignore", RecordWarning)
-        return records, read_records([path], kind="network")
+    """Trial and network records of one input; a bad line of either kind is named once, with its file and line."""
+    return [r for r in read_records([path]) if _modelled(r)], read_records([path], kind="network")
 
 
 def _modelled(record: dict) -> bool:

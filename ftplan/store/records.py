@@ -25,6 +25,7 @@ from typing import BinaryIO
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import CPU
 from ftplan.core.settings import Setting
+from ftplan.models.communication.links import MAX_BANDWIDTH_GBS, MIN_BANDWIDTH_GBS
 
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "error")
@@ -47,17 +48,22 @@ _TRIAL_FIELD_TYPES = {
     "lora_targets": "a list of strings",
     "step_seconds": "a list of numbers",
     **{key: "text" for key in _IDENTITY_FIELDS},
+    "trial_seconds": "a number",  # plans price a calibration's GPU time from it
+    **{key: "an integer" for key in ("steps_measured", "gradient_accumulation_steps")},
 }
-_MAY_BE_NULL = (*_MEASURED_NUMBERS, "gpu_name", "step_seconds", *_IDENTITY_FIELDS)
+_MAY_BE_NULL = (*_MEASURED_NUMBERS, "gpu_name", "step_seconds", *_IDENTITY_FIELDS, "trial_seconds", "steps_measured",
+                "gradient_accumulation_steps")
 _RAN_POSITIVE = ("seconds_per_step", "peak_allocated_bytes", "peak_reserved_bytes")  # above 0 in an ok record
 # Upper limits no real trial comes near (1 PiB of memory on one device, a million samples per batch);
 # above them a value is a typo or an attack, and taken into a fit it shows as nonsense such as -129.5 GiB.
 _LARGEST = {"micro_batch": 2**20, "seq_len": 2**24, "gpus": 2**16, "nodes": 2**12, "lora_rank": 2**16,
             "peak_allocated_bytes": 2**50, "peak_reserved_bytes": 2**50,
             "gpu_memory_total_bytes": 2**50, "params_total": 10**15, "params_trainable": 10**15,
-            "num_alloc_retries": 10**12, "seconds_per_step": 10**6, "tokens_per_second": 10**12}
+            "num_alloc_retries": 10**12, "seconds_per_step": 10**6, "tokens_per_second": 10**12,
+            "trial_seconds": 10**7, "steps_measured": 10**9, "gradient_accumulation_steps": 2**20}
 _NETWORK_FIELD_TYPES = {"backend": "text", "ranks": "an integer", "nodes": "an integer",
-                        "latency_s": "a number", "bandwidth_gbs": "a number"}
+                        "latency_s": "a number", "bandwidth_gbs": "a number", "timestamp": "text"}
+MAX_LATENCY_S = 1.0  # a hop of a second is no network's; at 1e300 a plan's ETA printed 300 digits
 # A trial's error message is its last lines (runner and trial keep about 1,000 characters); printed whole, a longer
 # one costs rich's highlighter seconds per kB.
 MAX_MESSAGE_CHARS = 2000
@@ -271,21 +277,14 @@ def _bounded_lines(stream: BinaryIO) -> Iterator[tuple[int, bytes | None]]:
 
 
 def _parse(line: bytes | None, kind: str) -> tuple[dict | None, str | None]:
-    """(record, None) for a valid record of this kind, (None, warning) for a bad line, (None, None) for others."""
-    if line is None:
-        return None, f"line longer than {MAX_LINE_BYTES // 2**20} MiB; record skipped"
-    if not line.strip():
+    """(record, None) for a valid record of this kind, (None, warning) for a bad line, (None, None) for others.
+    A line that is no record of any kind (torn, not JSON) is the trial reader's to name: every file is read for
+    trials first, and named by both readers it read as two bad lines."""
+    if line is not None and not line.strip():
         return None, None
-    try:
-        record = json.loads(_text(line))
-    except RecursionError:
-        return None, "JSON nested too deeply; record skipped"
-    except UnicodeDecodeError as exc:  # a file an editor saved as latin-1 is whole, but not in the UTF-8 JSON needs
-        if exc.reason == "unexpected end of data":  # a write torn inside a character
-            return None, "corrupt or truncated record skipped"
-        return None, "not UTF-8 text (save the file as UTF-8); record skipped"
-    except ValueError:  # a torn write, not text at all, or a number too long to convert
-        return None, "corrupt or truncated record skipped"
+    record, unreadable = _decoded(line)
+    if unreadable:
+        return None, unreadable if kind == "trial" else None
     if isinstance(record, dict) and record.get("kind", "trial") != kind:
         return None, None
     problem = _problem(record)
@@ -305,6 +304,22 @@ def printable(text: str) -> str:
     return "".join(ascii(ch)[1:-1] if unicodedata.category(ch) in _INVISIBLE_CATEGORIES else ch for ch in text)
 
 
+def _decoded(line: bytes | None) -> tuple[object, str | None]:
+    """(the line's JSON value, None), or (None, why it is no record at all)."""
+    if line is None:
+        return None, f"line longer than {MAX_LINE_BYTES // 2**20} MiB; record skipped"
+    try:
+        return json.loads(_text(line)), None
+    except RecursionError:
+        return None, "JSON nested too deeply; record skipped"
+    except UnicodeDecodeError as exc:  # a file an editor saved as latin-1 is whole, but not in the UTF-8 JSON needs
+        if exc.reason == "unexpected end of data":  # a write torn inside a character
+            return None, "corrupt or truncated record skipped"
+        return None, "not UTF-8 text (save the file as UTF-8); record skipped"
+    except ValueError:  # a torn write, not text at all, or a number too long to convert
+        return None, "corrupt or truncated record skipped"
+
+
 def _problem(record: object) -> str | None:
     if not isinstance(record, dict):
         return "not a JSON object"
@@ -322,15 +337,16 @@ def _problem(record: object) -> str | None:
 
 def _network_problem(record: dict) -> str | None:
     """A link measurement every plan reads, even on one GPU: a bad one must not reach the arithmetic."""
-    mistyped = _mistyped(record, _NETWORK_FIELD_TYPES, ())
+    mistyped = _mistyped(record, _NETWORK_FIELD_TYPES, ("timestamp",))
     if mistyped:
         return mistyped
     if record["ranks"] < 1 or record.get("nodes", 1) < 1:
         return f"ranks and nodes must be positive, got ranks={record['ranks']} nodes={record.get('nodes', 1)}"
-    if record["bandwidth_gbs"] <= 0:
-        return f"bandwidth_gbs must be positive, got {record['bandwidth_gbs']!r}"
-    if record["latency_s"] < 0:
-        return f"negative latency_s ({record['latency_s']!r})"
+    if not MIN_BANDWIDTH_GBS <= record["bandwidth_gbs"] <= MAX_BANDWIDTH_GBS:  # the limits --*-bandwidth takes
+        return (f"bandwidth_gbs must be between {MIN_BANDWIDTH_GBS:g} and {MAX_BANDWIDTH_GBS:g}, "
+                f"got {record['bandwidth_gbs']!r}")
+    if not 0 <= record["latency_s"] <= MAX_LATENCY_S:
+        return f"latency_s must be between 0 and {MAX_LATENCY_S:g} s, got {record['latency_s']!r}"
     return None
 
 
