@@ -297,3 +297,13 @@ def test_plan_numbers_are_checked_even_under_a_rehashed_manifest(tmp_path, capsy
     (folder / ".ftplan-manifest.json").write_text(json.dumps(manifest))
     code, _, err = run_ftplan(["rehearse", folder, "--dry-run"], capsys, monkeypatch)
     assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("name", [".ftplan-manifest.json", "training_args.py"])
+def test_a_folder_where_an_emitted_file_was_is_one_line_not_a_traceback(tmp_path, capsys, monkeypatch, name):
+    """os.fdopen refused the folder's descriptor with IsADirectoryError before the regular-file check ran."""
+    folder = emit(tmp_path, capsys, monkeypatch)
+    (folder / name).unlink()
+    (folder / name).mkdir()
+    code, _, err = run_ftplan(["rehearse", folder, "--dry-run"], capsys, monkeypatch)
+    assert code == 2 and err.startswith("error:") and err.strip().count("\n") == 0, err

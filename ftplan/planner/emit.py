@@ -360,15 +360,22 @@ def edited_run_files(directory: Path) -> list[str]:
         os.close(folder)
 
 
-def _is_file_with(folder: int, name: str, digest: str) -> bool:
+def _regular_file(folder: int, name: str) -> bytes | None:
+    """The first MAX_OWN_FILE_BYTES of a regular file in the folder; None for a link, a folder, a FIFO or nothing
+    (Python's file objects refuse a folder's descriptor with a traceback)."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
     except OSError:  # a symlink (ELOOP) or gone
-        return False
-    with os.fdopen(fd, "rb") as file:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        return hashlib.sha256(file.read(MAX_OWN_FILE_BYTES)).hexdigest() == digest
+        return None
+    try:
+        return os.read(fd, MAX_OWN_FILE_BYTES) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    finally:
+        os.close(fd)
+
+
+def _is_file_with(folder: int, name: str, digest: str) -> bool:
+    data = _regular_file(folder, name)
+    return data is not None and hashlib.sha256(data).hexdigest() == digest
 
 
 def _manifest(files: dict[str, str]) -> str:
@@ -378,15 +385,11 @@ def _manifest(files: dict[str, str]) -> str:
 
 def _read_manifest(folder: int) -> dict[str, str]:
     """{file name: sha256} of what ftplan wrote here; empty when there is no manifest or it is not one."""
+    data = _regular_file(folder, MANIFEST)
     try:
-        fd = os.open(MANIFEST, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
-    except OSError:
+        files = json.loads(data).get("files", {}) if data is not None else {}
+    except (ValueError, AttributeError, RecursionError):
         return {}
-    with os.fdopen(fd, "rb") as file:
-        try:
-            files = json.loads(file.read(MAX_OWN_FILE_BYTES)).get("files", {}) if stat.S_ISREG(os.fstat(fd).st_mode) else {}
-        except (ValueError, AttributeError, RecursionError):
-            return {}
     return {k: v for k, v in files.items() if k in OWN_FILES and isinstance(v, str)} if isinstance(files, dict) else {}
 
 
