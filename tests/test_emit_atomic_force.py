@@ -57,3 +57,23 @@ def test_the_manifest_lists_what_was_written_and_force_replaces_it(tmp_path):
     emit(tmp_path, PLAIN_LORA, force=True)
     assert (tmp_path / MANIFEST).exists() and not any(p.name.startswith(".ftplan-emit-") for p in tmp_path.iterdir())
     assert "deepspeed" not in (tmp_path / TRAINING_ARGS).read_text()
+
+
+def test_a_second_emit_into_the_folder_waits_for_the_first_to_finish(tmp_path):
+    """Eight plans emitting into one folder at once left one's plan.json beside another's Trainer arguments, and
+    a manifest matching neither (so a later --force refused the folder as not ftplan's)."""
+    import fcntl
+    import threading
+
+    emit(tmp_path, DEEPSPEED)
+    before = snapshot(tmp_path)
+    held = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(held, fcntl.LOCK_EX)  # as a first writer holds it
+    writer = threading.Thread(target=emit, args=(tmp_path, PLAIN_LORA, True))
+    writer.start()
+    writer.join(timeout=1.0)
+    assert writer.is_alive() and snapshot(tmp_path) == before  # waiting, nothing written
+    os.close(held)
+    writer.join(timeout=30)
+    assert not writer.is_alive() and snapshot(tmp_path) != before
+    assert not emit_module.edited_run_files(tmp_path)  # one plan's files, and its manifest

@@ -9,6 +9,8 @@ training_args.py adds what TrainingArguments cannot carry: the collator of the p
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -16,7 +18,7 @@ import re
 import secrets
 import shlex
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ftplan.calibration.deepspeed_config import deepspeed_config
@@ -94,9 +96,9 @@ def _recipe_lines(setup: SetupPlan, request: PlanRequest, batch: PlannedBatch) -
     """What the plan chose and how train.py takes it in, since the Trainer arguments alone cannot carry the model."""
     lines = [
         f"ftplan plan: {headline(setup, request)}",
-        f"micro-batch {batch.micro_batch} x gradient accumulation {batch.accumulation} per GPU, "
-        f"{setup.eta.steps:,} steps x {setup.eta.seconds_per_step:.2f} s = "
-        f"{spoken_duration(setup.eta.total_seconds)}, predicted source: {setup.best.source}",
+        (f"micro-batch {batch.micro_batch} x gradient accumulation {batch.accumulation} per GPU, "
+         f"{setup.eta.steps:,} steps x {setup.eta.seconds_per_step:.2f} s = "
+         f"{spoken_duration(setup.eta.total_seconds)}, predicted source: {setup.best.source}"),
         "",
         "The recipe is training_args.py: the Trainer arguments under your transformers' names, the collator, and",
         "how the model is loaded and prepared (dtype, attention implementation, QLoRA's 4-bit base, the LoRA",
@@ -214,12 +216,9 @@ def write_configs(directory: Path, setup: SetupPlan, request: PlanRequest, force
     files = _file_texts(setup, request, planned_batch(setup, request, dataset), plan_warnings, lengths)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # the folder checked is the one written
-        try:
+        with _locked_folder(directory) as folder:
             ours = _replaceable(folder, directory, set(files), force)
             _stage_and_rename(folder, {**files, MANIFEST: _manifest(files)}, stale=ours - set(files))
-        finally:
-            os.close(folder)
     except OSError as exc:
         raise FtplanError(f"cannot write configs to {directory}: {exc.strerror or exc}; "
                           "the folder is left as it was") from None
@@ -286,15 +285,26 @@ def rewrite_rehearsed(directory: Path, micro_batch: int, accumulation: int, rehe
     ds = ds_config(setting, micro_batch, accumulation)
     if ds:
         files[DS_CONFIG] = json.dumps(ds, indent=2) + "\n"
-    folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
-        ours = _replaceable(folder, directory, set(files), force=True)
-        _stage_and_rename(folder, {**files, MANIFEST: _manifest({**_read_manifest_texts(folder, ours), **files})},
-                          stale=set())
+        with _locked_folder(directory) as folder:
+            ours = _replaceable(folder, directory, set(files), force=True)
+            _stage_and_rename(folder, {**files, MANIFEST: _manifest({**_read_manifest_texts(folder, ours), **files})},
+                              stale=set())
     except OSError as exc:
         raise FtplanError(f"cannot rewrite {directory}: {exc.strerror or exc}; the folder is left as it was") from None
+
+
+@contextlib.contextmanager
+def _locked_folder(directory: Path) -> Iterator[int]:
+    """The folder's descriptor (the folder checked is the one written, never a symlink's target), held under an
+    exclusive lock: two plans emitting into one folder at once left one's plan.json beside the other's
+    arguments, and a manifest matching neither."""
+    folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        yield folder
     finally:
-        os.close(folder)
+        os.close(folder)  # and with it the lock
 
 
 def _read_manifest_texts(folder: int, names: set[str]) -> dict[str, str]:
