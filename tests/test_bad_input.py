@@ -46,6 +46,11 @@ def _assert_one_line_error(code: int, err: str, *fragments: str) -> None:
     (_replace(ETA, "--dataset-size", -5), ("dataset size must be positive",)),
     ([*ETA, "--epochs", 0], ("epochs must be positive",)),
     (_replace(ETA, "--gpu", "A100-90GB"), ("unknown GPU", "A100-80GB")),
+    # NaN passed click's ranges (every comparison with it is false): a calibration's watchdog that never fired
+    (["calibrate", "--model", "tiny-llama", "--device", "cpu", "--timeout", "nan"], ("'nan' is not a finite number",)),
+    (["calibrate", "--model", "tiny-llama", "--device", "cpu", "--timeout", "inf"], ("'inf' is not a finite number",)),
+    ([*PLAN, "--step-time-cv", "nan"], ("'nan' is not a finite number",)),
+    (["report", "--epochs", "nan"], ("'nan' is not a finite number",)),
 ])
 def test_bad_values_fail_with_one_line(args, fragments, capsys, monkeypatch):
     _assert_one_line_error(*run_ftplan(args, capsys, monkeypatch)[::2], *fragments)

@@ -25,6 +25,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from ftplan.cli.commands.input_options import FiniteFloat
 from ftplan.calibration import launcher, measure
 from ftplan.calibration.build_locks import STALE_AFTER_SECONDS, clear_build_locks
 from ftplan.calibration.extra import extra_problem
@@ -120,7 +121,7 @@ MAX_TRIAL_GPUS = 1024  # ranks on this one machine
 @click.option("--warmup-steps", type=click.IntRange(min=0, max=MAX_TRIAL_STEPS), default=2, show_default=True,
               help="Fewest untimed steps first; warm-up then goes on until a step takes within 10% of the one "
                    "before (at most 12 steps). 0: time from the first step.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=900.0, show_default=True,
+@click.option("--timeout", type=FiniteFloat(min=0, min_open=True), default=900.0, show_default=True,
               help="Seconds before a trial is ended as an error.")
 @click.option("--alloc-conf", envvar="PYTORCH_CUDA_ALLOC_CONF", default="", show_default=False,
               callback=lambda _ctx, _param, value: check_alloc_conf(value),

@@ -13,6 +13,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from ftplan.cli.commands.input_options import FiniteFloat
 from ftplan.calibration.extra import extra_problem
 from ftplan.calibration.network import (
     DEFAULT_SIZES,
@@ -47,7 +48,7 @@ def _sizes(_ctx, _param, value: str | None) -> tuple[int, ...]:
 @click.option("--master-addr", default="127.0.0.1", show_default=True, help="Address of node 0, reachable from every host.")
 @click.option("--master-port", type=click.IntRange(0, 65535), default=0,
               help="Port on node 0.  [default: a free port on one host, 29500 across hosts]")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
+@click.option("--timeout", type=FiniteFloat(min=0, min_open=True), default=600.0, show_default=True,
               help="Seconds before every rank is ended.")
 def command(backend: str, ranks: int, sizes: tuple[int, ...], repeats: int, warmup: int, out: Path | None,
             nodes: int, node_rank: int, master_addr: str, master_port: int, timeout: float) -> None:

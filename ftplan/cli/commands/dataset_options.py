@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ftplan.cli.commands.input_options import FiniteFloat
 from ftplan.models.batching import TOO_LONG
 from ftplan.planner.dataset import CHARS_PER_TOKEN, CHARS_PER_TOKEN_RANGE
 
@@ -20,7 +21,7 @@ DATASET_OPTIONS = (
     click.option("--tokenizer", type=click.Path(path_type=Path), default=None,
                  help="With --dataset: a local tokenizer folder or tokenizer.json; without it, tokens are estimated "
                       "from characters."),
-    click.option("--chars-per-token", type=click.FloatRange(*CHARS_PER_TOKEN_RANGE), default=None,
+    click.option("--chars-per-token", type=FiniteFloat(*CHARS_PER_TOKEN_RANGE), default=None,
                  help=f"With --dataset and no --tokenizer: characters per token of the estimate.  "
                       f"[default: {CHARS_PER_TOKEN:g}, English prose]"),
     click.option("--too-long", type=click.Choice(TOO_LONG), default="truncate", show_default=True,

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import click
 
+from ftplan.cli.commands.input_options import FiniteFloat
 from ftplan.core.architecture import ALL_LINEAR_TARGETS, run_attention
 from ftplan.core.errors import FtplanError
 from ftplan.core.recipe import check_alloc_conf
@@ -87,7 +88,7 @@ SETTING_OPTIONS = (
 
 
 step_time_cv_option = click.option(
-    "--step-time-cv", type=click.FloatRange(0, 10), default=None,
+    "--step-time-cv", type=FiniteFloat(0, 10), default=None,
     help="Spread of one GPU's step times (std / mean) on your cluster; every step waits for the slowest of the "
          "ranks.  [default: the calibration records' own spread]")
 

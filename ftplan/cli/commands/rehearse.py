@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ftplan.cli.commands.input_options import FiniteFloat
 from ftplan.core.errors import EXIT_DOES_NOT_FIT
 from ftplan.core.units import GIB
 from ftplan.evidence.inputs import USER_CALIBRATIONS
@@ -37,7 +38,7 @@ REHEARSALS_FILE = "rehearsals.jsonl"
               help="When a run is safe with room to spare, rehearse a larger micro-batch (up to the budget, the "
                    "memory grown in proportion) and keep the largest that runs safely. Only for plans that chose "
                    "the global batch themselves (no --global-batch) and accumulate nothing.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=900.0, show_default=True,
+@click.option("--timeout", type=FiniteFloat(min=0, min_open=True), default=900.0, show_default=True,
               help="Seconds one run may take before it is ended.")
 @click.option("--dry-run", is_flag=True, help="Print what would run and its GPU time; run nothing.")
 def command(directory: Path, steps: int, out: Path | None, lower: bool, grow: bool, timeout: float,

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import click
 
-from ftplan.cli.commands.input_options import GPU_SPECS_HELP, budget_options, calibrations_option, link_options
+from ftplan.cli.commands.input_options import (
+    GPU_SPECS_HELP,
+    FiniteFloat,
+    budget_options,
+    calibrations_option,
+    link_options,
+)
 from ftplan.core.architecture import load_architecture
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import CPU, load_catalog
@@ -22,7 +28,7 @@ from ftplan.models.fit import known_terms, with_gpu_names
 @click.option("--force", is_flag=True, help="Write into a folder that has files in it, replacing same-named charts.")
 @click.option("--dataset-size", type=click.IntRange(min=1), default=10_000, show_default=True,
               help="Samples per epoch for the time-to-completion chart.")
-@click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+@click.option("--epochs", type=FiniteFloat(min=0, min_open=True), default=1.0, show_default=True,
               help="Passes over the dataset, for the time-to-completion chart.")
 @click.option("--gpu-specs", type=click.Path(path_type=Path), default=None, help=GPU_SPECS_HELP)
 @click.option("--gpus", default="1..128", show_default=True, help="GPU counts of the scaling chart (as in `ftplan plan`).")
