@@ -26,6 +26,7 @@ BAD_CONFIGS = {
     "model type as list": ({"model_type": ["llama"]}, "model_type ['llama'] not supported"),
     "top-k above the experts": ({"model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 9},
                                 "num_experts_per_tok 9 is more than the 8 experts"),
+    "no context": ({"max_position_embeddings": 0}, "max_position_embeddings must be a positive integer"),
 }
 
 
@@ -95,3 +96,30 @@ def test_an_encoder_is_refused_not_planned_as_a_decoder(tmp_path, capsys, monkey
     path.write_text(json.dumps(transformers.BertConfig().to_dict(), default=str))
     code, _, err = run_ftplan(["predict", "--model", path, "--batch-size", 4, "--gpu", "H100"], capsys, monkeypatch)
     assert code == 2 and "model_type 'bert' has no decoder layers" in err, err
+
+
+def test_a_multimodal_config_says_where_its_language_model_is(tmp_path):
+    """Gemma 3 4B's config keeps its sizes in text_config: 'not a decoder-only model config: missing hidden_size,
+    ...' named five keys that are there, one level down."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+                                "text_config": TINY, "vision_config": {"hidden_size": 1152}}))
+    with pytest.raises(FtplanError, match="multimodal model's config .* text_config"):
+        load_architecture(str(path))
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"architectures": ["LlamaForSequenceClassification"]}, "planned as a causal language model"),
+    ({"quantization_config": {"quant_method": "gptq", "bits": 4}}, "pre-quantized weights (gptq): planned as bf16"),
+])
+def test_a_config_planned_as_something_else_says_so_at_the_top_of_the_plan(tmp_path, capsys, monkeypatch, changes,
+                                                                             words):
+    """A classification head and GPTQ weights were planned as a plain bf16 causal LM without a word."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**load_architecture("llama-3.2-1b").config, **changes}))
+    code, out, err = run_ftplan(["plan", "--model", path, "--gpu", "H200", "--dataset-size", 1000, "--json"],
+                                capsys, monkeypatch)
+    assert code == 0 and any(words in line for line in json.loads(out)["headline"]), err
+    code, _, err = run_ftplan(["predict", "--model", path, "--batch-size", 2], capsys, monkeypatch)
+    assert code == 0 and words in err
+    assert not load_architecture("llama-3.2-1b").caveats

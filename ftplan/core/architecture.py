@@ -25,7 +25,8 @@ MAX_CONFIG_BYTES = 16 * 2**20
 ALL_LINEAR_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 _OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "num_experts", "num_local_experts", "num_experts_per_tok",
-                   "moe_intermediate_size", "shared_expert_intermediate_size", "decoder_sparse_step")
+                   "moe_intermediate_size", "shared_expert_intermediate_size", "decoder_sparse_step",
+                   "max_position_embeddings")
 _FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "qkv_bias")
 LARGEST_SIZE = 2**24  # 16M: 100x the largest vocabulary or hidden size of any released model; above it, a typo
 EXPERTS_TARGET = "experts"  # LoRA target name for the router and fused experts (PEFT's target_parameters)
@@ -38,6 +39,11 @@ class Architecture:
 
     id: str
     config: dict
+
+    @property
+    def caveats(self) -> list[str]:
+        """What the config says that ftplan plans as something else (config_caveats), each naming the model."""
+        return [f"{self.id}: {caveat}" for caveat in config_caveats(self.config)]
 
     def get(self, key: str):
         """A config value, else what the family's config class assumes when config.json leaves it out."""
@@ -333,6 +339,22 @@ def load_architecture(name_or_path: str) -> Architecture:
     return Architecture(id=arch_id, config=config)
 
 
+def config_caveats(config: dict) -> list[str]:
+    """What a config says that ftplan plans as something else: a head other than a causal LM's, or weights
+    quantized by another method than QLoRA's bitsandbytes (planned as the bf16 weights they came from)."""
+    caveats = []
+    heads = [a for a in config.get("architectures") or [] if isinstance(a, str) and not a.endswith("ForCausalLM")]
+    if heads:
+        caveats.append(f"architectures {', '.join(heads)}: planned as a causal language model (its head and loss "
+                       "differ)")
+    quantization = config.get("quantization_config")
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+    if quantization is not None and method != "bitsandbytes":
+        caveats.append(f"pre-quantized weights ({method or 'quantization_config'}): planned as bf16 weights; ftplan "
+                       "models a 4-bit base as QLoRA's bitsandbytes NF4 only (--allow qlora)")
+    return caveats
+
+
 def _config_path(name_or_path: str) -> tuple[Path, str]:
     """(config file, architecture id); anything that looks like a path is reported as a path, not as an unknown model."""
     path = Path(name_or_path)
@@ -371,6 +393,10 @@ def config_problem(config: object) -> str | None:
     if not isinstance(config, dict):
         return "is not a JSON object"
     missing = [k for k in ("model_type", *_SIZES) if k not in config]
+    if missing and isinstance(config.get("text_config"), dict):
+        return ("is a multimodal model's config (its language model's sizes are in text_config): ftplan plans "
+                "decoder-only language models; save text_config as a config.json of its own to plan the language "
+                "model alone, without the vision tower's memory")
     if missing:
         return f"is not a decoder-only model config: missing {', '.join(missing)}"
     if not isinstance(config["model_type"], str):

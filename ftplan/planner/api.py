@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ftplan.core.architecture import load_architecture, run_attention
+from ftplan.core.architecture import cached_architecture, load_architecture, run_attention
 from ftplan.core.errors import FtplanError
 from ftplan.core.hardware import CPU
 from ftplan.core.recipe import check_alloc_conf
@@ -197,8 +197,9 @@ def _plan_counts(workspace: Workspace, model: str, request: PlanRequest, counts:
     links_text += f" Overlap of communication with backward: {overlap.overlap:g}; {overlap.source}."
     return PlanResult(result_plan, scaling, evidence, workspace.links, links_text, evidence.failed_trials(model),
                       dataset_plan, tuple(dataset_lines),
-                      tuple(headline(result_plan, evidence.records, evidence.card_of,
-                                     dataset.options.global_batch if dataset else None)))
+                      (*cached_architecture(model).caveats,
+                       *headline(result_plan, evidence.records, evidence.card_of,
+                                 dataset.options.global_batch if dataset else None)))
 
 
 @dataclass(frozen=True)

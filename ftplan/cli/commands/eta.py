@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import click
@@ -51,7 +52,10 @@ def command(batch_size: int, dataset_size: int, epochs: float, price_per_hour: f
     """How long one configuration takes to finish, what it costs, and whether it fits in memory."""
     setting = setting_from_options(options)
     check_price(price_per_hour)
-    host_bytes = host_bytes_per_node(load_architecture(setting.model), setting)
+    arch = load_architecture(setting.model)
+    for caveat in arch.caveats:
+        warnings.warn(caveat, UserWarning, stacklevel=1)
+    host_bytes = host_bytes_per_node(arch, setting)
     workspace = Workspace.open(gpu_name, calibrations, gpu_specs, intra_node_bandwidth, inter_node_bandwidth,
                                step_time_cv)
     gpu = workspace.card

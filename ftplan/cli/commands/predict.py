@@ -7,6 +7,7 @@ tools script against; everything else in the object is extra.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import click
@@ -45,7 +46,8 @@ def command(batch_size: int, gpu_name: str, gpu_specs: Path | None, intra_node_b
             context_reserve_gib: float, calibrations: tuple[Path, ...], as_json: bool, **options) -> None:
     """Predicted peak allocated and reserved memory per GPU and seconds per optimizer step."""
     setting = setting_from_options(options)
-    load_architecture(setting.model)  # an unknown model fails here, with close names, before any fitting
+    for caveat in load_architecture(setting.model).caveats:  # an unknown model fails here, before any fitting
+        warnings.warn(caveat, UserWarning, stacklevel=1)
     workspace = Workspace.open(gpu_name, calibrations, gpu_specs, intra_node_bandwidth, inter_node_bandwidth,
                                step_time_cv)
     gpu = workspace.card
