@@ -84,3 +84,13 @@ def test_a_character_count_that_is_not_a_positive_number_is_refused(tmp_path, ch
     data.write_text('{"text": "hello world"}\n')
     with pytest.raises(FtplanError, match="characters per token must be a positive number from 0.1 to 100"):
         ftplan.plan("llama-3.2-1b", gpu="H100", dataset=str(data), chars_per_token=chars)
+
+
+@pytest.mark.parametrize("setting, words", [
+    ({"alloc_conf": None}, "alloc_conf must be text"),  # it read as another recipe: 'interpolated', not 'measured'
+    ({"lora_rank": 16, "lora_targets": ["q_proj", "q_proj"]}, "LoRA targets name q_proj more than once"),
+    ({"gpus": 10**9}, "more than any cluster"),
+])
+def test_a_setting_no_run_has_is_refused_by_the_api_too(setting, words):
+    with pytest.raises(FtplanError, match=words):
+        ftplan.predict("llama-3.2-1b", 2, "H200", **setting)

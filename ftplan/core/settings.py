@@ -27,6 +27,7 @@ PADDINGS = ("none", "max_length", "longest", "packed")
 DEFAULT_SEQ_LEN = 2048  # tokens per sample where none is said (plan, predict, the API)
 ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
 ZERO_STAGES = (0, 1, 2, 3)
+MAX_GPUS = 2**20  # GPUs in one run: ten times the largest training clusters of 2026
 MAX_TRIAL_BATCH = 2**20  # rows a micro-batch any trial or rehearsal runs: 10^20 built a row list until the timeout
 MAX_TRIAL_SEQ_LEN = 2**24  # tokens a sample, past every model's context
 INTEGER_FIELDS = ("seq_len", "zero_stage", "lora_rank", "gpus", "nodes", "pad_to_multiple_of")
@@ -95,6 +96,13 @@ class Setting:
             raise FtplanError("a 4-bit (nf4) base is QLoRA: it needs LoRA (--lora-rank), no DeepSpeed, and bf16 or fp16")
         if self.gpus <= 0 or self.nodes <= 0:
             raise FtplanError(f"GPU and node counts must be positive, got gpus={self.gpus} nodes={self.nodes}")
+        if self.gpus * self.nodes > MAX_GPUS:
+            raise FtplanError(f"{self.gpus * self.nodes:,} GPUs is more than any cluster ({MAX_GPUS:,} at most)")
+        if not isinstance(self.alloc_conf, str):  # None read as another recipe than the default ''
+            raise FtplanError(f"alloc_conf must be text ('' for PyTorch's default), got {self.alloc_conf!r}")
+        repeated = sorted({t for t in self.lora_targets if self.lora_targets.count(t) > 1})
+        if repeated:  # stored twice, the same adapters read as another recipe
+            raise FtplanError(f"LoRA targets name {', '.join(repeated)} more than once")
 
     @property
     def world_size(self) -> int:

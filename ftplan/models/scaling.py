@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ftplan.core.errors import FtplanError
+from ftplan.core.settings import MAX_GPUS
 from ftplan.models.communication.estimates import step_time_cv
 from ftplan.models.communication.links import Links
 from ftplan.models.communication.step import data_parallel_step_seconds
@@ -23,7 +24,6 @@ if TYPE_CHECKING:  # the tables are built for GPU-count plans only; a one-GPU pl
 DEFAULT_GPUS_PER_NODE = 8  # a full cloud or DGX node; `--gpus-per-node 1` for single-GPU instances
 _RANGE = re.compile(r"^(\d+)\.\.(\d+)$")
 MAX_GPU_COUNTS = 32  # each count is a whole setup search (about a second): 200 listed ran over 300 s
-MAX_GPUS = 2**20  # GPUs in one run: ten times the largest training clusters of 2026
 MAX_COUNT_DIGITS = 40  # far above any cluster; int() of 4,301 digits raises, and doubling to them takes forever
 
 
