@@ -70,6 +70,14 @@ def test_chat_content_given_as_parts_and_sharegpt_values_are_counted(tmp_path):
     assert load_lengths(_jsonl(tmp_path / "s.jsonl", [{"conversations": sharegpt}])).lengths.tolist() == [1100]
 
 
+def test_the_arguments_of_an_assistants_tool_calls_are_counted(tmp_path):
+    """A tool call's 800 characters of arguments counted as 2 tokens: only a turn's content was read."""
+    call = {"type": "function", "function": {"name": "search", "arguments": json.dumps({"query": "q" * 800})}}
+    chat = [{"role": "user", "content": "u" * 400}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    (length,) = load_lengths(_jsonl(tmp_path / "d.jsonl", [{"messages": chat}])).lengths.tolist()
+    assert length >= (400 + 800) // 4
+
+
 def test_nested_ids_and_a_list_of_numbers_for_a_chat_are_refused_not_counted(tmp_path):
     """[[1, 2], [3]] counted 2 tokens, and "messages": [1, 2] the text "1\\n2"."""
     nested = _jsonl(tmp_path / "ids.jsonl", [{"input_ids": [[1, 2], [3]]}])

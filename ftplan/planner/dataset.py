@@ -393,7 +393,8 @@ def _as_text(value: object, depth: int = 0) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, (list, tuple, np.ndarray)) and depth < MAX_CHAT_DEPTH:
-        texts = (_as_text(_turn_text(v) if isinstance(v, dict) else v, depth + 1) for v in value)
+        texts = (_as_text(_turn_text(v), depth + 1) + _tool_calls_text(v) if isinstance(v, dict) else
+                 _as_text(v, depth + 1) for v in value)
         return "\n".join(text for text in texts if text)  # an image part or an empty turn adds no newline
     if isinstance(value, (list, tuple, np.ndarray, dict)):  # nested deeper than any chat: its JSON text is counted
         try:
@@ -410,6 +411,19 @@ def _turn_text(turn: dict) -> object:
         if key in turn:
             return turn[key]
     return ""
+
+
+def _tool_calls_text(turn: dict) -> str:
+    """The tool calls of an assistant turn as a chat template renders them (each call's JSON: name and
+    arguments), which its content leaves out: 800 characters of arguments were counted as 2 tokens."""
+    calls = turn.get("tool_calls")
+    if not isinstance(calls, (list, tuple)) or not calls:
+        return ""
+    try:
+        return "\n" + "\n".join(json.dumps(call.get("function", call) if isinstance(call, dict) else call,
+                                             default=str) for call in calls)
+    except (RecursionError, ValueError):
+        return ""
 
 
 def _ids_length(value: object, field: str, path: Path, row: int, lines: list[int] | None) -> int:
