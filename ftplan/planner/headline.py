@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterable
 
 from ftplan.core.hardware import CPU, GpuSpec
 from ftplan.core.recipe import calibrate_command
-from ftplan.core.settings import Setting
 from ftplan.core.versions import installed_versions
 from ftplan.models.eta import spoken_duration
 from ftplan.models.prediction import (
@@ -79,9 +78,9 @@ def prior_winner_lines(plan: Plan, records: list[dict]) -> list[str]:
     rec = plan.recommended
     if rec is None or rec.best.source != SOURCE_PRIOR:
         return []
-    lines = [f"{rec.label} is recommended from the analytic prior alone: it was never calibrated on "
-             f"{plan.request.gpu.name}, so its batch {rec.batch} and ETA {spoken_duration(rec.eta.total_seconds)} "
-             "are estimates, not measurements"]
+    lines = [(f"{rec.label} is recommended from the analytic prior alone: it was never calibrated on "
+              f"{plan.request.gpu.name}, so its batch {rec.batch} and ETA {spoken_duration(rec.eta.total_seconds)} "
+              "are estimates, not measurements")]
     alternative = best_calibrated(plan, rec.training) or best_calibrated(plan)
     if alternative is not None:
         other_kind = (f"; {KINDS[alternative.training]}, a different training"
@@ -144,9 +143,9 @@ def few_steps_lines(plan: Plan, global_batch: int | None = None) -> list[str]:
     steps = f"the whole run makes {rec.eta.steps} optimizer step{'s' if rec.eta.steps != 1 else ''}"
     if global_batch is not None:
         return [f"{steps} at your --global-batch {global_batch} (micro-batch {rec.batch} per GPU)"]
-    return [f"{steps} (micro-batch {rec.batch} per GPU): the fastest batch is not always the one your recipe trains "
-            "well with; the largest safe batch is an upper limit, and with --dataset a smaller --global-batch N makes "
-            "more steps"]
+    return [(f"{steps} (micro-batch {rec.batch} per GPU): the fastest batch is not always the one your recipe trains "
+             "well with; the largest safe batch is an upper limit, and with --dataset a smaller --global-batch N makes "
+             "more steps")]
 
 
 def _minutes(low_seconds: float, high_seconds: float) -> str:

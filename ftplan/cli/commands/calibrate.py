@@ -25,21 +25,21 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from ftplan.cli.commands.input_options import FiniteFloat
 from ftplan.calibration import launcher, measure
 from ftplan.calibration.build_locks import STALE_AFTER_SECONDS, clear_build_locks
 from ftplan.calibration.extra import extra_problem
 from ftplan.calibration.ladder import LadderStep
 from ftplan.calibration.runner import CalibrationPlan, CalibrationProgress, calibrate, pinned_machine_id
 from ftplan.cli.commands.dataset_options import check_dataset_options, dataset_options
+from ftplan.cli.commands.input_options import FiniteFloat
 from ftplan.cli.commands.options import MODEL_HELP, positive_int_list
 from ftplan.cli.main import Dependencies
 from ftplan.core.architecture import ALL_LINEAR_TARGETS, load_architecture, run_attention
-from ftplan.models.bytes_per_param import OPTIMIZER_STATE_BYTES
 from ftplan.core.errors import FtplanError, Terminated
 from ftplan.core.recipe import check_alloc_conf
 from ftplan.core.settings import ATTENTIONS, MAX_TRIAL_BATCH, MAX_TRIAL_SEQ_LEN, PRECISIONS, Setting
 from ftplan.core.units import GIB
+from ftplan.models.bytes_per_param import OPTIMIZER_STATE_BYTES
 from ftplan.planner.dataset import CHARS_PER_TOKEN, load_lengths
 from ftplan.planner.dataset_plan import calibration_length
 from ftplan.store.records import open_store

@@ -13,7 +13,6 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from ftplan.cli.commands.input_options import FiniteFloat
 from ftplan.calibration.extra import extra_problem
 from ftplan.calibration.network import (
     DEFAULT_SIZES,
@@ -22,6 +21,7 @@ from ftplan.calibration.network import (
     parse_sizes,
     resolve_backend,
 )
+from ftplan.cli.commands.input_options import FiniteFloat
 from ftplan.core.errors import FtplanError
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import click
@@ -15,10 +14,14 @@ from ftplan.cli.commands.input_options import (
     gpu_options,
     link_options,
 )
-from ftplan.cli.commands.options import setting_from_options, setting_options, step_time_cv_option
+from ftplan.cli.commands.options import (
+    checked_architecture,
+    setting_from_options,
+    setting_options,
+    step_time_cv_option,
+)
 from ftplan.cli.commands.plan import host_memory_option
 from ftplan.cli.render import eta_lines, host_line
-from ftplan.core.architecture import load_architecture
 from ftplan.core.errors import EXIT_DOES_NOT_FIT
 from ftplan.core.settings import Setting
 from ftplan.core.units import GIB
@@ -52,10 +55,7 @@ def command(batch_size: int, dataset_size: int, epochs: float, price_per_hour: f
     """How long one configuration takes to finish, what it costs, and whether it fits in memory."""
     setting = setting_from_options(options)
     check_price(price_per_hour)
-    arch = load_architecture(setting.model)
-    for caveat in arch.caveats:
-        warnings.warn(caveat, UserWarning, stacklevel=1)
-    host_bytes = host_bytes_per_node(arch, setting)
+    host_bytes = host_bytes_per_node(checked_architecture(setting.model), setting)
     workspace = Workspace.open(gpu_name, calibrations, gpu_specs, intra_node_bandwidth, inter_node_bandwidth,
                                step_time_cv)
     gpu = workspace.card

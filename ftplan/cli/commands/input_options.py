@@ -41,6 +41,8 @@ class Fraction(FiniteFloat):
         if isinstance(value, str) and value.strip().endswith("%"):
             return super().convert(value.strip()[:-1], param, ctx) / 100
         return super().convert(value, param, ctx)
+
+
 MAX_CONTEXT_RESERVE_GIB = 1024  # more than any card holds
 
 

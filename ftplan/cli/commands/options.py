@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import click
 
 from ftplan.cli.commands.input_options import FiniteFloat
-from ftplan.core.architecture import ALL_LINEAR_TARGETS, run_attention
+from ftplan.core.architecture import ALL_LINEAR_TARGETS, Architecture, load_architecture, run_attention
 from ftplan.core.errors import FtplanError
 from ftplan.core.recipe import check_alloc_conf
 from ftplan.core.settings import ATTENTIONS, DEFAULT_SEQ_LEN, PADDINGS, PRECISIONS, ZERO_STAGES, Setting
@@ -49,6 +50,15 @@ def on_off_option(name: str, help_text: str):
 
 
 MODEL_HELP = "Architecture id (see `ftplan models`), a config.json, or a local Hugging Face model folder."
+
+
+def checked_architecture(model: str) -> Architecture:
+    """The model's architecture (an unknown one fails here, with close names, before any fitting), its config's
+    caveats said as warnings: what it is planned as where it differs (a classification head, GPTQ weights)."""
+    arch = load_architecture(model)
+    for caveat in arch.caveats:
+        warnings.warn(caveat, UserWarning, stacklevel=2)
+    return arch
 
 SETTING_OPTIONS = (
     click.option("--model", required=True, help=MODEL_HELP),

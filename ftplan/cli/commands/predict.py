@@ -7,7 +7,6 @@ tools script against; everything else in the object is extra.
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import click
@@ -15,9 +14,13 @@ from rich.console import Console
 from rich.table import Table
 
 from ftplan.cli.commands.input_options import budget_options, calibrations_option, link_options
-from ftplan.cli.commands.options import setting_from_options, setting_options, step_time_cv_option
+from ftplan.cli.commands.options import (
+    checked_architecture,
+    setting_from_options,
+    setting_options,
+    step_time_cv_option,
+)
 from ftplan.cli.render import make_console, memory_verdict
-from ftplan.core.architecture import load_architecture
 from ftplan.core.errors import EXIT_DOES_NOT_FIT
 from ftplan.core.hardware import GpuSpec
 from ftplan.core.units import GIB
@@ -46,8 +49,7 @@ def command(batch_size: int, gpu_name: str, gpu_specs: Path | None, intra_node_b
             context_reserve_gib: float, calibrations: tuple[Path, ...], as_json: bool, **options) -> None:
     """Predicted peak allocated and reserved memory per GPU and seconds per optimizer step."""
     setting = setting_from_options(options)
-    for caveat in load_architecture(setting.model).caveats:  # an unknown model fails here, before any fitting
-        warnings.warn(caveat, UserWarning, stacklevel=1)
+    checked_architecture(setting.model)
     workspace = Workspace.open(gpu_name, calibrations, gpu_specs, intra_node_bandwidth, inter_node_bandwidth,
                                step_time_cv)
     gpu = workspace.card
