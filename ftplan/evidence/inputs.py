@@ -119,7 +119,7 @@ class Evidence:
                             "measured by calibration" if measured else "your GPU specs" if not shipped else
                             "this host's RAM" if gpu.name == CPU else "catalog")
 
-    def links(self, gpu: GpuSpec, intra: str | None = None, inter: str | None = None) -> tuple[Links, str]:
+    def links(self, gpu: GpuSpec, intra: str | None = None, inter: str | None = None) -> tuple[Links, LinkWords]:
         """The links to price communication with, and a sentence saying where each figure came from.
 
         In increasing precedence: the catalog (the card's interconnect, a plain cloud network between
