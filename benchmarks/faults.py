@@ -166,6 +166,28 @@ FAULTS = (
     Fault(48, "records saved as latin-1: named, not called torn", (
         "tests/test_hostile_records.py::test_a_record_saved_as_latin_1_is_named_as_not_utf8_not_as_torn",
         "tests/test_corrupt_records.py::test_a_write_torn_inside_a_character_is_a_torn_record_not_a_wrong_encoding")),
+    # 2026-12-08: a new user on the README, and an attack with hostile inputs
+    Fault(49, "a config.json edited after its rehearsal: not verified", (
+        "tests/test_verified.py::test_a_config_edited_after_its_rehearsal_is_not_verified",)),
+    Fault(50, "a run accumulating gradients: no record; old ones unfitted", (
+        "tests/test_callback.py::test_a_run_accumulating_gradients_compares_but_leaves_no_record_and_old_ones_enter_no_fit",)),
+    Fault(51, "a record claiming more memory than its card: left out", (
+        "tests/test_impossible_records.py::test_a_capacity_above_the_cards_datasheet_is_left_out_with_its_line",)),
+    Fault(52, "mistyped trial times, network timestamps, absurd links", (
+        f"{HOSTILE}a_hostile_network_record_is_a_warning_not_a_type_error_in_every_plan",
+        f"{HOSTILE}a_hostile_trial_line_is_a_warning_naming_file_and_line")),
+    Fault(53, "a folder in place of an emitted file: one line", (
+        "tests/test_rehearse.py::test_a_folder_where_an_emitted_file_was_is_one_line_not_a_traceback",)),
+    Fault(54, "two emits into one folder at once: one after the other", (
+        "tests/test_emit_atomic_force.py::test_a_second_emit_into_the_folder_waits_for_the_first_to_finish",)),
+    Fault(55, "NaN or infinite timeouts and ratios: refused", ("tests/test_bad_input.py::test_bad_values_fail_with_one_line",)),
+    Fault(56, "multimodal, classifier or GPTQ config: said, not planned blind", (
+        "tests/test_architecture_config_errors.py::test_a_multimodal_config_says_where_its_language_model_is",
+        "tests/test_architecture_config_errors.py::test_a_config_planned_as_something_else_says_so_at_the_top_of_the_plan")),
+    Fault(57, "a --gpu-specs card without PyTorch's share: the least budgeted", (
+        "tests/test_gpu_specs_file.py::test_a_row_without_torch_total_gib_budgets_no_more_than_any_catalog_card_gives_pytorch",)),
+    Fault(58, "setting fields no run has (None allocator, twice-named targets)", (
+        "tests/test_api_argument_checks.py::test_a_setting_no_run_has_is_refused_by_the_api_too",)),
 )
 
 
