@@ -125,7 +125,7 @@ FAULTS = (
     Fault(26, "--emit --force atomic, manifest, user files kept", ("tests/test_emit_atomic_force.py",)),
     Fault(27, "adamw_torch_fused predicted from adamw_torch (CPU callback)", ("tests/test_callback_adamw_variants.py",)),
     Fault(28, "emitted README: files written, pack loads .py, WARNINGS", ("tests/test_emit_readme.py",)),
-    Fault(29, "does not fit: exit 3 (plan, eta), bad input 2", ("tests/test_exit_status_does_not_fit.py",)),
+    Fault(29, "does not fit: exit 3 (plan, eta, predict), bad input 2", ("tests/test_exit_status_does_not_fit.py",)),
     Fault(30, "Hub id hint; a huge config.json refused unread", ("tests/test_model_argument_hints.py",)),
     Fault(31, "a FIFO among the calibrations never hangs a plan", ("tests/test_calibrations_fifo.py",)),
     Fault(32, "--gpus: at most 32 counts, each count's search announced", ("tests/test_plan_gpu_counts_bounded.py",)),
