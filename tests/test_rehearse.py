@@ -5,6 +5,8 @@ benchmarks/gpu/emitted_runs.py; here the parts that decide what runs and what is
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import pytest
 
@@ -307,3 +309,23 @@ def test_a_folder_where_an_emitted_file_was_is_one_line_not_a_traceback(tmp_path
     (folder / name).mkdir()
     code, _, err = run_ftplan(["rehearse", folder, "--dry-run"], capsys, monkeypatch)
     assert code == 2 and err.startswith("error:") and err.strip().count("\n") == 0, err
+
+
+def test_the_rehearsal_runs_the_folders_source_not_bytecode_planted_beside_it(tmp_path, capsys, monkeypatch):
+    """Bytecode in the folder's __pycache__ whose header matches training_args.py's size and time ran in its
+    place: the rehearsal recorded the source's digest and ran something else."""
+    import importlib.util
+    import py_compile
+
+    from ftplan.calibration.rehearsal import load_emitted
+
+    folder = emit(tmp_path, capsys, monkeypatch)
+    source = folder / "training_args.py"
+    planted = tmp_path / "planted.py"
+    text = "PLANTED = True\n"
+    planted.write_text(text + "#" * (source.stat().st_size - len(text) - 1) + "\n")  # the source's size
+    os.utime(planted, ns=(source.stat().st_atime_ns, source.stat().st_mtime_ns))  # and time
+    py_compile.compile(str(planted), cfile=importlib.util.cache_from_source(str(source)), doraise=True)
+    before = sys.pycache_prefix
+    assert not hasattr(load_emitted(folder), "PLANTED")
+    assert sys.pycache_prefix == before  # nothing of this process's own imports moved

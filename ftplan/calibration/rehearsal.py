@@ -84,10 +84,18 @@ def packed_trainer(model, args, lengths: list[int], vocab: int, callbacks: list)
 
 
 def load_emitted(directory: Path):
-    """DIR/training_args.py as a module, imported as train.py imports it (before CUDA starts)."""
-    spec = importlib.util.spec_from_file_location("training_args", directory / "training_args.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """DIR/training_args.py as a module, imported as train.py imports it (before CUDA starts). From its source,
+    whose digest rehearse recorded: bytecode in the folder's __pycache__ with the source's size and time in its
+    header would run in its place, so its bytecode is kept elsewhere while it loads."""
+    previous = sys.pycache_prefix
+    with tempfile.TemporaryDirectory(prefix="ftplan-pycache-") as elsewhere:
+        sys.pycache_prefix = elsewhere
+        try:
+            spec = importlib.util.spec_from_file_location("training_args", directory / "training_args.py")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        finally:
+            sys.pycache_prefix = previous
     return module
 
 
