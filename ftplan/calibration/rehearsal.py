@@ -13,7 +13,6 @@ Exit codes: 0 ok, 3 out of memory, 1 any other error.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import random
@@ -21,6 +20,7 @@ import sys
 import tempfile
 import time
 import traceback
+import types
 from pathlib import Path
 
 from ftplan.calibration import measure
@@ -86,16 +86,11 @@ def packed_trainer(model, args, lengths: list[int], vocab: int, callbacks: list)
 def load_emitted(directory: Path):
     """DIR/training_args.py as a module, imported as train.py imports it (before CUDA starts). From its source,
     whose digest rehearse recorded: bytecode in the folder's __pycache__ with the source's size and time in its
-    header would run in its place, so its bytecode is kept elsewhere while it loads."""
-    previous = sys.pycache_prefix
-    with tempfile.TemporaryDirectory(prefix="ftplan-pycache-") as elsewhere:
-        sys.pycache_prefix = elsewhere
-        try:
-            spec = importlib.util.spec_from_file_location("training_args", directory / "training_args.py")
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        finally:
-            sys.pycache_prefix = previous
+    header would run in its place, so the source is compiled here (the modules it imports keep their caches)."""
+    path = directory / "training_args.py"
+    module = types.ModuleType("training_args")
+    module.__file__ = str(path)
+    exec(compile(path.read_bytes(), str(path), "exec"), module.__dict__)
     return module
 
 

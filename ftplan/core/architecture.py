@@ -343,7 +343,9 @@ def config_caveats(config: dict) -> list[str]:
     """What a config says that ftplan plans as something else: a head other than a causal LM's, or weights
     quantized by another method than QLoRA's bitsandbytes (planned as the bf16 weights they came from)."""
     caveats = []
-    heads = [a for a in config.get("architectures") or [] if isinstance(a, str) and not a.endswith("ForCausalLM")]
+    named = config.get("architectures")
+    named = [named] if isinstance(named, str) else named if isinstance(named, list) else []
+    heads = [a for a in named if isinstance(a, str) and not a.endswith("ForCausalLM")]
     if heads:
         caveats.append(f"architectures {', '.join(heads)}: planned as a causal language model (its head and loss "
                        "differ)")

@@ -417,7 +417,7 @@ def _tool_calls_text(turn: dict) -> str:
     """The tool calls of an assistant turn as a chat template renders them (each call's JSON: name and
     arguments), which its content leaves out: 800 characters of arguments were counted as 2 tokens."""
     calls = turn.get("tool_calls")
-    if not isinstance(calls, (list, tuple)) or not calls:
+    if not isinstance(calls, (list, tuple, np.ndarray)) or not len(calls):  # Parquet's lists come as arrays
         return ""
     try:
         return "\n" + "\n".join(json.dumps(call.get("function", call) if isinstance(call, dict) else call,
