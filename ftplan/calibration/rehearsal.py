@@ -13,6 +13,8 @@ Exit codes: 0 ok, 3 out of memory, 1 any other error.
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
+import importlib.util
 import json
 import os
 import random
@@ -20,7 +22,6 @@ import sys
 import tempfile
 import time
 import traceback
-import types
 from pathlib import Path
 
 from ftplan.calibration import measure
@@ -86,12 +87,19 @@ def packed_trainer(model, args, lengths: list[int], vocab: int, callbacks: list)
 def load_emitted(directory: Path):
     """DIR/training_args.py as a module, imported as train.py imports it (before CUDA starts). From its source,
     whose digest rehearse recorded: bytecode in the folder's __pycache__ with the source's size and time in its
-    header would run in its place, so the source is compiled here (the modules it imports keep their caches)."""
-    path = directory / "training_args.py"
-    module = types.ModuleType("training_args")
-    module.__file__ = str(path)
-    exec(compile(path.read_bytes(), str(path), "exec"), module.__dict__)
+    header would run in its place, so its loader reads no cache (the modules it imports keep theirs)."""
+    path = str(directory / "training_args.py")
+    spec = importlib.util.spec_from_file_location("training_args", path, loader=_SourceOnly("training_args", path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     return module
+
+
+class _SourceOnly(importlib.machinery.SourceFileLoader):
+    """A loader that never reads or writes bytecode: without the source's stats, CPython skips the cache."""
+
+    def path_stats(self, path: str) -> dict:
+        raise OSError("the source is read, never cached bytecode")
 
 
 def build_model(emitted, setting: Setting):
